@@ -1,0 +1,3 @@
+from components.stack import main
+
+main()

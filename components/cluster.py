@@ -1,0 +1,194 @@
+"""The EKS cluster: control plane, core add-ons, system node group, Kubernetes provider.
+
+``EksCluster`` creates one; ``ExistingCluster`` attaches to one the user already runs. Both
+expose ``cluster_name``, ``kubeconfig`` (secret) and ``provider``, the Kubernetes provider that
+every in-cluster object uses explicitly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_eks as eks
+import pulumi_kubernetes as k8s
+
+from components import versions
+from components.settings import ClusterSettings
+
+SYSTEM_NODE_LABEL = {"fsdp-eks/node-role": "system"}
+"""Label of the CPU nodes; etcd, the operator and monitoring select it."""
+
+NODE_ROLE_POLICIES = {
+    "worker": "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
+    "cni": "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
+    "ecr": "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly",
+    # Session Manager instead of SSH keys for debugging a node.
+    "ssm": "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class EksClusterArgs:
+    """Inputs of ``EksCluster``."""
+
+    name: str
+    """The EKS cluster name."""
+    settings: ClusterSettings
+    vpc_id: pulumi.Input[str]
+    private_subnet_ids: pulumi.Input[list[str]]
+    public_subnet_ids: pulumi.Input[list[str]]
+
+
+class EksCluster(pulumi.ComponentResource):
+    """A new EKS cluster (API authentication, pinned version and add-ons) and its system nodes."""
+
+    def __init__(self, name: str, args: EksClusterArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("fsdp-eks:cluster:EksCluster", name, None, opts)
+        self.cluster_name = args.name
+        self.node_role = self._node_role(name)
+        self.eks = self._control_plane(name, args)
+        after_cluster = pulumi.ResourceOptions(parent=self, depends_on=[self.eks])
+        self.pod_identity_agent = aws.eks.Addon(
+            f"{name}-pod-identity-agent",
+            cluster_name=args.name,
+            addon_name="eks-pod-identity-agent",
+            addon_version=versions.EKS_ADDONS[args.settings.kubernetes_version]["eks-pod-identity-agent"],
+            opts=after_cluster,
+        )
+        self.system_nodes = self._system_nodes(name, args, after_cluster)
+        self.cluster_security_group_id = self.eks.cluster_security_group_id
+        self.kubeconfig = pulumi.Output.secret(self.eks.kubeconfig_json)
+        self.provider = k8s.Provider(
+            f"{name}-k8s",
+            kubeconfig=self.kubeconfig,
+            enable_server_side_apply=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.register_outputs(
+            {
+                "cluster_name": self.cluster_name,
+                "kubeconfig": self.kubeconfig,
+                "cluster_security_group_id": self.cluster_security_group_id,
+                "node_role_arn": self.node_role.arn,
+            }
+        )
+
+    def _node_role(self, name: str) -> aws.iam.Role:
+        role = aws.iam.Role(
+            f"{name}-node-role",
+            assume_role_policy=json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Principal": {"Service": "ec2.amazonaws.com"},
+                            "Action": "sts:AssumeRole",
+                        }
+                    ],
+                }
+            ),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        for key, arn in NODE_ROLE_POLICIES.items():
+            aws.iam.RolePolicyAttachment(
+                f"{name}-node-role-{key}", role=role.name, policy_arn=arn, opts=pulumi.ResourceOptions(parent=role)
+            )
+        return role
+
+    def _control_plane(self, name: str, args: EksClusterArgs) -> eks.Cluster:
+        s = args.settings
+        addons = versions.EKS_ADDONS[s.kubernetes_version]
+        return eks.Cluster(
+            f"{name}-eks",
+            name=args.name,
+            version=s.kubernetes_version,
+            authentication_mode=eks.AuthenticationMode.API,
+            vpc_id=args.vpc_id,
+            private_subnet_ids=args.private_subnet_ids,
+            public_subnet_ids=args.public_subnet_ids,
+            node_associate_public_ip_address=False,
+            skip_default_node_group=True,
+            # Use the EKS-created cluster security group: the GPU launch template puts it on
+            # every network interface, which is what lets the nodes join.
+            skip_default_security_groups=True,
+            endpoint_private_access=True,
+            endpoint_public_access=True,
+            public_access_cidrs=list(s.public_access_cidrs),
+            enabled_cluster_log_types=["api", "audit", "authenticator"],
+            vpc_cni_options=eks.VpcCniOptionsArgs(addon_version=addons["vpc-cni"]),
+            coredns_addon_options=eks.CoreDnsAddonOptionsArgs(version=addons["coredns"]),
+            kube_proxy_addon_options=eks.KubeProxyAddonOptionsArgs(version=addons["kube-proxy"]),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    def _system_nodes(self, name: str, args: EksClusterArgs, opts: pulumi.ResourceOptions) -> aws.eks.NodeGroup:
+        size = args.settings.system_nodes
+        return aws.eks.NodeGroup(
+            f"{name}-system",
+            cluster_name=args.name,
+            node_role_arn=self.node_role.arn,
+            subnet_ids=args.private_subnet_ids,
+            instance_types=[args.settings.system_instance_type],
+            ami_type="AL2023_x86_64_STANDARD",
+            capacity_type="ON_DEMAND",
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                min_size=size.min_size, desired_size=size.desired_size, max_size=size.max_size
+            ),
+            labels=SYSTEM_NODE_LABEL,
+            opts=opts,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExistingClusterArgs:
+    """Inputs of ``ExistingCluster``."""
+
+    name: str
+    """Name of the EKS cluster that already runs."""
+    region: str
+
+
+def exec_kubeconfig(cluster_name: str, endpoint: str, ca_data: str, region: str) -> str:
+    """A kubeconfig that authenticates with ``aws eks get-token`` (no token stored in state)."""
+    user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": "aws",
+            "args": ["eks", "get-token", "--cluster-name", cluster_name, "--region", region, "--output", "json"],
+        }
+    }
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": cluster_name, "cluster": {"server": endpoint, "certificate-authority-data": ca_data}}],
+            "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": cluster_name}}],
+            "current-context": cluster_name,
+            "users": [{"name": cluster_name, "user": user}],
+        }
+    )
+
+
+class ExistingCluster(pulumi.ComponentResource):
+    """An EKS cluster created elsewhere; the in-cluster layers deploy onto it."""
+
+    def __init__(self, name: str, args: ExistingClusterArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("fsdp-eks:cluster:ExistingCluster", name, None, opts)
+        self.cluster_name = args.name
+        found = aws.eks.get_cluster_output(name=args.name, opts=pulumi.InvokeOutputOptions(parent=self))
+        self.kubeconfig = pulumi.Output.secret(
+            pulumi.Output.all(found.endpoint, found.certificate_authorities[0].data).apply(
+                lambda parts: exec_kubeconfig(args.name, parts[0], parts[1], args.region)
+            )
+        )
+        self.provider = k8s.Provider(
+            f"{name}-k8s",
+            kubeconfig=self.kubeconfig,
+            enable_server_side_apply=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.register_outputs({"cluster_name": self.cluster_name, "kubeconfig": self.kubeconfig})

@@ -1,0 +1,76 @@
+"""NVIDIA and EFA device plugins: what turns GPUs and EFA interfaces into schedulable resources.
+
+The AL2023 NVIDIA AMI has the driver, container toolkit and host EFA pieces but not these
+plugins; without them a node advertises neither ``nvidia.com/gpu`` nor ``vpc.amazonaws.com/efa``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components import versions
+from components.gpu_nodes import GPU_LABELS, GPU_TOLERATION, require_node_label
+from components.versions import HelmChart
+
+
+def nvidia_plugin_values() -> dict:
+    """On GPU nodes only, tolerating their taint."""
+    return {
+        "tolerations": [GPU_TOLERATION],
+        "affinity": require_node_label("nvidia.com/gpu", GPU_LABELS["nvidia.com/gpu"]),
+    }
+
+
+def efa_plugin_values() -> dict:
+    """On EFA nodes only: on a node without EFA devices the plugin crash-loops.
+
+    The chart already requires an EFA-capable instance type (its ``supportedInstanceLabels``
+    affinity); the node selector narrows that to our GPU group, the toleration lets it in.
+    """
+    return {
+        "tolerations": [GPU_TOLERATION],
+        "nodeSelector": {"vpc.amazonaws.com/efa.present": GPU_LABELS["vpc.amazonaws.com/efa.present"]},
+    }
+
+
+def helm_release(
+    name: str, chart: HelmChart, namespace: str, values: dict, opts: pulumi.ResourceOptions
+) -> k8s.helm.v3.Release:
+    """A Helm v3 release of a pinned chart; ``opts`` must carry the parent and the provider."""
+    return k8s.helm.v3.Release(
+        name,
+        chart=chart.chart,
+        version=chart.version,
+        repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart.repo),
+        namespace=namespace,
+        create_namespace=True,
+        values=values,
+        atomic=True,
+        cleanup_on_fail=True,
+        opts=opts,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DevicePluginsArgs:
+    """Inputs of ``DevicePlugins``."""
+
+    provider: k8s.Provider
+
+
+class DevicePlugins(pulumi.ComponentResource):
+    """The two device plugins as pinned Helm releases in kube-system."""
+
+    def __init__(self, name: str, args: DevicePluginsArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("fsdp-eks:plugins:DevicePlugins", name, None, opts)
+        in_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        self.nvidia = helm_release(
+            f"{name}-nvidia", versions.NVIDIA_DEVICE_PLUGIN, "kube-system", nvidia_plugin_values(), in_cluster
+        )
+        self.efa = helm_release(
+            f"{name}-efa", versions.EFA_DEVICE_PLUGIN, "kube-system", efa_plugin_values(), in_cluster
+        )
+        self.register_outputs({"nvidia_release": self.nvidia.name, "efa_release": self.efa.name})

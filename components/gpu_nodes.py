@@ -1,0 +1,208 @@
+"""The GPU managed node group, built from our own launch template.
+
+pulumi-eks' ``ManagedNodeGroup(enable_efa_support=...)`` cannot target a capacity reservation,
+rejects a custom launch template together with EFA and always adds a placement group; so the
+launch template, the EFA security group and the placement group are built here, explicitly.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from components.hardware import HardwareProfile
+from components.settings import GpuNodeSettings
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+"""Keeps everything but GPU workloads (and the daemons that tolerate it) off the GPU nodes."""
+GPU_LABELS = {"nvidia.com/gpu": "true", "vpc.amazonaws.com/efa.present": "true"}
+"""The NVIDIA device plugin and DCGM exporter select the first, the EFA plugin the second."""
+
+NODECONFIG_USER_DATA = """MIME-Version: 1.0
+Content-Type: multipart/mixed; boundary="FSDPEKS"
+
+--FSDPEKS
+Content-Type: application/node.eks.aws
+
+---
+apiVersion: node.eks.aws/v1alpha1
+kind: NodeConfig
+spec:
+  instance:
+    localStorage:
+      strategy: RAID0
+
+--FSDPEKS--
+"""
+"""AL2023 nodeadm config: stripe the instance-store NVMe into one RAID0 at /mnt/k8s-disks/0.
+
+Managed node groups merge this MIME part with the bootstrap part EKS generates, so no
+``image_id`` (and no full NodeConfig with cluster details) is needed.
+"""
+
+
+def network_interfaces(
+    profile: HardwareProfile, security_group_ids: list[pulumi.Input[str]], secondary_type: str
+) -> list[aws.ec2.LaunchTemplateNetworkInterfaceArgs]:
+    """One interface per network card: card 0 ``efa`` at device index 0, every other card at
+    device index 1 as ``secondary_type`` (``efa`` or ``efa-only``). Every interface carries the
+    security groups, or the node never joins the cluster."""
+    return [
+        aws.ec2.LaunchTemplateNetworkInterfaceArgs(
+            network_card_index=card,
+            device_index=0 if card == 0 else 1,
+            interface_type="efa" if card == 0 else secondary_type,
+            security_groups=security_group_ids,
+            delete_on_termination="true",
+        )
+        for card in range(profile.network_cards)
+    ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuNodeGroupArgs:
+    """Inputs of ``GpuNodeGroup``."""
+
+    name: str
+    """Prefix of physical names (the cluster name)."""
+    cluster_name: pulumi.Input[str]
+    profile: HardwareProfile
+    settings: GpuNodeSettings
+    vpc_id: pulumi.Input[str]
+    subnet_ids: pulumi.Input[list[str]]
+    """Private subnets of the GPU AZ only."""
+    cluster_security_group_id: pulumi.Input[str]
+    node_role_arn: pulumi.Input[str]
+
+
+class GpuNodeGroup(pulumi.ComponentResource):
+    """GPU nodes with every EFA interface, in one AZ, on reserved or on-demand capacity."""
+
+    def __init__(self, name: str, args: GpuNodeGroupArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("fsdp-eks:gpu:GpuNodeGroup", name, None, opts)
+        self.efa_security_group = self._efa_security_group(name, args)
+        self.placement_group = (
+            aws.ec2.PlacementGroup(f"{name}-cluster-pg", strategy="cluster", opts=pulumi.ResourceOptions(parent=self))
+            if args.settings.placement_group
+            else None
+        )
+        self.launch_template = self._launch_template(name, args)
+        self.node_group = self._node_group(name, args)
+        self.node_group_name = self.node_group.node_group_name
+        self.register_outputs(
+            {
+                "node_group_name": self.node_group_name,
+                "launch_template_id": self.launch_template.id,
+                "efa_security_group_id": self.efa_security_group.id,
+            }
+        )
+
+    def _efa_security_group(self, name: str, args: GpuNodeGroupArgs) -> aws.ec2.SecurityGroup:
+        # EFA's SRD traffic needs every protocol to and from the group itself, both directions.
+        everything_self = {"protocol": "-1", "from_port": 0, "to_port": 0, "self": True}
+        return aws.ec2.SecurityGroup(
+            f"{name}-efa",
+            vpc_id=args.vpc_id,
+            description="EFA: all traffic to and from itself",
+            ingress=[aws.ec2.SecurityGroupIngressArgs(**everything_self, description="EFA in")],
+            egress=[aws.ec2.SecurityGroupEgressArgs(**everything_self, description="EFA out")],
+            tags={"Name": f"{args.name}-efa"},
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    def _launch_template(self, name: str, args: GpuNodeGroupArgs) -> aws.ec2.LaunchTemplate:
+        s = args.settings
+        reservation = None
+        if s.capacity_reservation_id is not None:
+            reservation = aws.ec2.LaunchTemplateCapacityReservationSpecificationArgs(
+                capacity_reservation_target=aws.ec2.LaunchTemplateCapacityReservationSpecificationCapacityReservationTargetArgs(
+                    capacity_reservation_id=s.capacity_reservation_id
+                )
+            )
+        return aws.ec2.LaunchTemplate(
+            f"{name}-lt",
+            description=f"{args.profile.instance_type} with {args.profile.efa_interfaces} EFA interfaces",
+            network_interfaces=network_interfaces(
+                args.profile,
+                [args.cluster_security_group_id, self.efa_security_group.id],
+                s.secondary_interface_type,
+            ),
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_endpoint="enabled",
+                http_tokens="required",
+                # 2 hops: pods (one hop behind the node) still reach IMDSv2.
+                http_put_response_hop_limit=2,
+            ),
+            block_device_mappings=[
+                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                    device_name="/dev/xvda",
+                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                        volume_size=s.root_volume_gib,
+                        volume_type="gp3",
+                        iops=6000,
+                        throughput=500,
+                        encrypted="true",
+                        delete_on_termination="true",
+                    ),
+                )
+            ],
+            user_data=base64.b64encode(NODECONFIG_USER_DATA.encode()).decode(),
+            placement=(
+                aws.ec2.LaunchTemplatePlacementArgs(group_name=self.placement_group.name)
+                if self.placement_group is not None
+                else None
+            ),
+            capacity_reservation_specification=reservation,
+            instance_market_options=(
+                aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(market_type="capacity-block")
+                if s.capacity_block
+                else None
+            ),
+            tag_specifications=[
+                aws.ec2.LaunchTemplateTagSpecificationArgs(
+                    resource_type="instance", tags={"Name": f"{args.name}-{args.profile.instance_type}"}
+                )
+            ],
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    def _node_group(self, name: str, args: GpuNodeGroupArgs) -> aws.eks.NodeGroup:
+        s = args.settings
+        return aws.eks.NodeGroup(
+            f"{name}-gpu",
+            cluster_name=args.cluster_name,
+            node_role_arn=args.node_role_arn,
+            subnet_ids=args.subnet_ids,
+            instance_types=[args.profile.instance_type],
+            ami_type="AL2023_x86_64_NVIDIA",
+            capacity_type="CAPACITY_BLOCK" if s.capacity_block else "ON_DEMAND",
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                min_size=s.min_size, desired_size=s.desired_size, max_size=s.max_size
+            ),
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                id=self.launch_template.id, version=self.launch_template.latest_version.apply(str)
+            ),
+            labels=GPU_LABELS,
+            taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT["key"], value=GPU_TAINT["value"], effect="NO_SCHEDULE")],
+            # Replacing a reserved GPU node costs hours of training: one at a time.
+            update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+
+GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}
+"""What pods and daemons that belong on GPU nodes carry."""
+
+
+def require_node_label(key: str, value: str) -> dict:
+    """A required node affinity on one label.
+
+    Used instead of extending a chart's default affinity: Helm merges maps but replaces lists,
+    so this replaces the chart's own node selector terms (which often name labels, such as
+    Node Feature Discovery's, that EKS nodes do not carry).
+    """
+    term = {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}

@@ -1,0 +1,76 @@
+"""The one function that wires the components into a stack. Nothing runs at import."""
+
+from __future__ import annotations
+
+import pulumi
+
+from components.cluster import EksCluster, EksClusterArgs, ExistingCluster, ExistingClusterArgs
+from components.device_plugins import DevicePlugins, DevicePluginsArgs
+from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
+from components.network import Network, NetworkArgs
+from components.settings import Settings, load_settings
+
+
+def gpu_nodes_command(profile_instance_type: str) -> str:
+    """kubectl that lists the GPU nodes with what they can schedule."""
+    return (
+        f"kubectl get nodes -l node.kubernetes.io/instance-type={profile_instance_type} "
+        "-o custom-columns='NODE:.metadata.name,"
+        "GPU:.status.allocatable.nvidia\\.com/gpu,"
+        "EFA:.status.allocatable.vpc\\.amazonaws\\.com/efa'"
+    )
+
+
+def build_stack(settings: Settings) -> dict[str, object]:
+    """Create every component for ``settings`` and return the stack outputs."""
+    outputs: dict[str, object] = {}
+    if settings.creates_cluster:
+        network = Network(
+            "network",
+            NetworkArgs(
+                name=settings.name,
+                settings=settings.network,
+                gpu_availability_zone=settings.gpu_nodes.availability_zone,
+                region=settings.region,
+            ),
+        )
+        cluster = EksCluster(
+            "cluster",
+            EksClusterArgs(
+                name=settings.name,
+                settings=settings.cluster,
+                vpc_id=network.vpc_id,
+                private_subnet_ids=network.private_subnet_ids,
+                public_subnet_ids=network.public_subnet_ids,
+            ),
+        )
+        gpu = GpuNodeGroup(
+            "gpu",
+            GpuNodeGroupArgs(
+                name=settings.name,
+                cluster_name=cluster.cluster_name,
+                profile=settings.profile,
+                settings=settings.gpu_nodes,
+                vpc_id=network.vpc_id,
+                subnet_ids=network.gpu_subnet_ids,
+                cluster_security_group_id=cluster.cluster_security_group_id,
+                node_role_arn=cluster.node_role.arn,
+            ),
+            opts=pulumi.ResourceOptions(depends_on=[cluster]),
+        )
+        outputs["gpu_node_group"] = gpu.node_group_name
+    else:
+        cluster = ExistingCluster(
+            "cluster", ExistingClusterArgs(name=settings.cluster.existing_cluster_name, region=settings.region)
+        )
+    DevicePlugins("device-plugins", DevicePluginsArgs(provider=cluster.provider))
+    outputs["cluster_name"] = cluster.cluster_name
+    outputs["kubeconfig"] = cluster.kubeconfig
+    outputs["gpu_nodes_command"] = gpu_nodes_command(settings.profile.instance_type)
+    return outputs
+
+
+def main() -> None:
+    """The program of ``pulumi up``: settings from the stack file, components, exports."""
+    for key, value in build_stack(load_settings()).items():
+        pulumi.export(key, value)

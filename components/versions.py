@@ -1,0 +1,57 @@
+"""Every external version fsdp-eks deploys, pinned exactly, in one place.
+
+No ``latest``, no ``master``, no "most recent" look-ups: a ``pulumi up`` next year deploys what a
+``pulumi up`` today deploys. Bump a pin here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class HelmChart:
+    """A Helm chart at an exact version."""
+
+    chart: str
+    version: str
+    repo: str
+
+
+# Kubernetes minor versions the add-on pins below were chosen for. A stack asking for another
+# version fails validation: add the version here with its add-on pins to support it.
+EKS_ADDONS: dict[str, dict[str, str]] = {
+    # Sources: the AWS EKS user guide's per-version tables (coredns, kube-proxy, vpc-cni for
+    # 1.33); the others from pins used for these versions in public EKS repositories. Check
+    # with `aws eks describe-addon-versions --kubernetes-version X --addon-name Y` when bumping.
+    "1.33": {
+        # vpc-cni >= v1.18.4 is needed for `efa-only` network interfaces.
+        "vpc-cni": "v1.20.1-eksbuild.3",
+        "coredns": "v1.12.4-eksbuild.1",
+        "kube-proxy": "v1.33.5-eksbuild.2",
+        "eks-pod-identity-agent": "v1.3.10-eksbuild.1",
+        "aws-ebs-csi-driver": "v1.53.0-eksbuild.1",
+        "amazon-cloudwatch-observability": "v4.7.0-eksbuild.1",
+    },
+    "1.34": {
+        "vpc-cni": "v1.21.1-eksbuild.1",
+        "coredns": "v1.12.4-eksbuild.1",
+        "kube-proxy": "v1.34.1-eksbuild.2",
+        "eks-pod-identity-agent": "v1.3.10-eksbuild.1",
+        "aws-ebs-csi-driver": "v1.53.0-eksbuild.1",
+        "amazon-cloudwatch-observability": "v5.0.0-eksbuild.1",
+    },
+}
+SUPPORTED_KUBERNETES_VERSIONS: tuple[str, ...] = tuple(EKS_ADDONS)
+DEFAULT_KUBERNETES_VERSION = "1.33"
+
+NVIDIA_DEVICE_PLUGIN = HelmChart(
+    chart="nvidia-device-plugin",
+    version="0.18.2",
+    repo="https://nvidia.github.io/k8s-device-plugin",
+)
+EFA_DEVICE_PLUGIN = HelmChart(
+    chart="aws-efa-k8s-device-plugin",
+    version="v0.5.18",
+    repo="https://aws.github.io/eks-charts",
+)

@@ -13,7 +13,7 @@ import pulumi_kubernetes as k8s
 
 from components import versions
 from components.gpu_nodes import GPU_LABELS, GPU_TOLERATION, require_node_label
-from components.versions import HelmChart
+from components.helm import helm_release
 
 
 def nvidia_plugin_values() -> dict:
@@ -34,24 +34,6 @@ def efa_plugin_values() -> dict:
         "tolerations": [GPU_TOLERATION],
         "nodeSelector": {"vpc.amazonaws.com/efa.present": GPU_LABELS["vpc.amazonaws.com/efa.present"]},
     }
-
-
-def helm_release(
-    name: str, chart: HelmChart, namespace: str, values: dict, opts: pulumi.ResourceOptions
-) -> k8s.helm.v3.Release:
-    """A Helm v3 release of a pinned chart; ``opts`` must carry the parent and the provider."""
-    return k8s.helm.v3.Release(
-        name,
-        chart=chart.chart,
-        version=chart.version,
-        repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart.repo),
-        namespace=namespace,
-        create_namespace=True,
-        values=values,
-        atomic=True,
-        cleanup_on_fail=True,
-        opts=opts,
-    )
 
 
 @dataclass(frozen=True, kw_only=True)

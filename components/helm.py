@@ -1,0 +1,30 @@
+"""Pinned Helm v3 releases, the one way fsdp-eks installs a chart.
+
+Helm v3 ``Release`` (not the v4 ``Chart``) so that the release, its chart pin and its values are
+one visible resource: tests assert on them under mocks.
+"""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components.versions import HelmChart
+
+
+def helm_release(
+    name: str, chart: HelmChart, namespace: str, values: dict, opts: pulumi.ResourceOptions
+) -> k8s.helm.v3.Release:
+    """A Helm v3 release of a pinned chart; ``opts`` must carry the parent and the provider."""
+    return k8s.helm.v3.Release(
+        name,
+        chart=chart.chart,
+        version=chart.version,
+        repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart.repo),
+        namespace=namespace,
+        create_namespace=True,
+        values=values,
+        atomic=True,
+        cleanup_on_fail=True,
+        opts=opts,
+    )

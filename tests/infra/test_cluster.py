@@ -1,0 +1,258 @@
+"""Both stacks, run whole under mocks: the field facts of GPU nodes, EFA and the cluster.
+
+Checked against DESIGN.md section 3 (EC2's EFA guide, terraform-aws-eks' EFA launch template,
+the AL2023 nodeadm API, eksctl #7949 on placement groups with reservations). Per-stack facts
+come from the stack file and the hardware table, so the same tests hold for any new stack.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import email
+
+import pytest
+import yaml
+
+from components import versions
+from components.hardware import PROFILES
+from tests.harness import Recording, run_program, stack_config
+
+LT = "aws:ec2/launchTemplate:LaunchTemplate"
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+HELM = "kubernetes:helm.sh/v3:Release"
+
+
+def profile_of(stack: str):
+    return PROFILES[stack_config(stack)["fsdp-eks:profile"]]
+
+
+def gpu_settings(stack: str) -> dict:
+    return stack_config(stack)["fsdp-eks:gpuNodes"]
+
+
+def tolerates(tolerations: list[dict], taint: dict) -> bool:
+    """Kubernetes' toleration matching, for NoSchedule taints."""
+    for t in tolerations:
+        key_ok = t.get("key") in (None, taint["key"]) if t.get("operator") == "Exists" else (
+            t.get("key") == taint["key"] and t.get("value") == taint["value"])
+        if key_ok and t.get("effect") in (None, "", taint["effect"]):
+            return True
+    return False
+
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+
+
+def test_one_interface_per_network_card(recording: Recording, stack: str):
+    interfaces = recording.one(LT).inputs["networkInterfaces"]
+    cards = profile_of(stack).network_cards
+    assert [int(i["networkCardIndex"]) for i in interfaces] == list(range(cards)), "one interface per card"
+    assert int(interfaces[0]["deviceIndex"]) == 0 and interfaces[0]["interfaceType"] == "efa"
+    for i in interfaces[1:]:
+        assert int(i["deviceIndex"]) == 1, f"card {i['networkCardIndex']} must sit at device index 1"
+        assert i["interfaceType"] in ("efa", "efa-only")
+
+
+def test_every_interface_carries_cluster_and_efa_security_groups(recording: Recording):
+    efa_sg = recording.one("aws:ec2/securityGroup:SecurityGroup")
+    efa_sg_id = f"{efa_sg.name}-id"
+    for i in recording.one(LT).inputs["networkInterfaces"]:
+        groups = set(i["securityGroups"])
+        assert {"sg-eks-cluster", efa_sg_id} <= groups, f"card {i['networkCardIndex']} lacks {groups}"
+
+
+def test_efa_security_group_allows_all_traffic_to_and_from_itself(recording: Recording):
+    sg = recording.one("aws:ec2/securityGroup:SecurityGroup").inputs
+    for direction in ("ingress", "egress"):
+        rules = sg[direction]
+        assert any(r["protocol"] == "-1" and r.get("self") for r in rules), f"{direction}: no all-traffic self rule"
+
+
+def test_launch_template_requires_imdsv2_with_two_hops(recording: Recording):
+    meta = recording.one(LT).inputs["metadataOptions"]
+    assert meta["httpTokens"] == "required"
+    assert int(meta["httpPutResponseHopLimit"]) == 2
+
+
+def test_launch_template_has_no_subnet_and_no_image(recording: Recording):
+    """The node group supplies the subnet; setting an AMI would need a full NodeConfig."""
+    lt = recording.one(LT).inputs
+    assert "imageId" not in lt
+    assert all("subnetId" not in i for i in lt["networkInterfaces"])
+
+
+def test_nodeconfig_stripes_local_nvme_raid0(recording: Recording):
+    message = email.message_from_bytes(base64.b64decode(recording.one(LT).inputs["userData"]))
+    assert message.is_multipart(), "managed node groups merge MIME multi-part user data only"
+    parts = [p for p in message.walk() if p.get_content_type() == "application/node.eks.aws"]
+    assert len(parts) == 1
+    node_config = yaml.safe_load(parts[0].get_payload())
+    assert node_config["apiVersion"] == "node.eks.aws/v1alpha1" and node_config["kind"] == "NodeConfig"
+    assert node_config["spec"]["instance"]["localStorage"]["strategy"] == "RAID0"
+
+
+def test_root_volume_is_large_and_encrypted(recording: Recording):
+    ebs = recording.one(LT).inputs["blockDeviceMappings"][0]["ebs"]
+    assert int(ebs["volumeSize"]) >= 200 and ebs["encrypted"] == "true"
+
+
+def test_placement_group_only_without_reservation(recording: Recording, stack: str):
+    reserved = gpu_settings(stack).get("capacityReservationId") is not None
+    groups = recording.of_type("aws:ec2/placementGroup:PlacementGroup")
+    placement = recording.one(LT).inputs.get("placement")
+    if reserved:
+        assert groups == [] and placement is None, "placement group with a reservation: eksctl #7949"
+    else:
+        assert len(groups) == 1 and groups[0].inputs["strategy"] == "cluster"
+        assert placement["groupName"] == groups[0].name
+
+
+def test_reservation_is_targeted(recording: Recording, stack: str):
+    reservation = gpu_settings(stack).get("capacityReservationId")
+    spec = recording.one(LT).inputs.get("capacityReservationSpecification")
+    if reservation is None:
+        assert spec is None
+    else:
+        assert spec["capacityReservationTarget"]["capacityReservationId"] == reservation
+
+
+def test_gpu_nodes_sit_in_the_reservation_az_only(recording: Recording, stack: str):
+    az = gpu_settings(stack)["availabilityZone"]
+    subnets = {f"{r.name}-id": r.inputs for r in recording.of_type("aws:ec2/subnet:Subnet")}
+    gpu_group = recording.one(NODE_GROUP, "gpu-gpu").inputs
+    assert gpu_group["subnetIds"], "GPU node group without subnets"
+    for subnet_id in gpu_group["subnetIds"]:
+        assert subnets[subnet_id]["availabilityZone"] == az, f"{subnet_id} is outside {az}"
+        assert not subnets[subnet_id].get("mapPublicIpOnLaunch"), "GPU nodes in a public subnet"
+
+
+def test_gpu_node_group_shape(recording: Recording, stack: str):
+    group = recording.one(NODE_GROUP, "gpu-gpu").inputs
+    settings = gpu_settings(stack)
+    assert group["amiType"] == "AL2023_x86_64_NVIDIA"
+    assert group["instanceTypes"] == [profile_of(stack).instance_type]
+    assert group["capacityType"] == "ON_DEMAND"
+    assert group["labels"]["nvidia.com/gpu"] == "true"
+    assert {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"} in group["taints"]
+    scaling = {k: int(v) for k, v in group["scalingConfig"].items()}
+    assert scaling == {"minSize": settings["minSize"], "desiredSize": settings["desiredSize"],
+                       "maxSize": settings["maxSize"]}
+    assert group["launchTemplate"]["id"] == "gpu-lt-id"
+
+
+def test_device_plugins_pinned_and_tolerating_the_gpu_taint(recording: Recording):
+    releases = {r.inputs["chart"]: r for r in recording.of_type(HELM)}
+    for pin in (versions.NVIDIA_DEVICE_PLUGIN, versions.EFA_DEVICE_PLUGIN):
+        release = releases[pin.chart].inputs
+        assert release["version"] == pin.version and "latest" not in pin.version
+        assert release["repositoryOpts"]["repo"] == pin.repo
+        assert tolerates(release["values"]["tolerations"], GPU_TAINT), f"{pin.chart} cannot land on GPU nodes"
+
+
+def test_efa_plugin_kept_to_efa_nodes(recording: Recording):
+    """On a node without EFA devices the plugin crash-loops."""
+    efa = next(r for r in recording.of_type(HELM) if r.inputs["chart"] == versions.EFA_DEVICE_PLUGIN.chart)
+    gpu_labels = recording.one(NODE_GROUP, "gpu-gpu").inputs["labels"]
+    system_labels = recording.one(NODE_GROUP, "cluster-system").inputs["labels"]
+    selector = efa.inputs["values"]["nodeSelector"]
+    assert selector.items() <= gpu_labels.items(), "EFA plugin would not run on the GPU nodes"
+    assert not selector.items() <= system_labels.items(), "EFA plugin would run on CPU nodes"
+
+
+def test_cluster_is_pinned_api_authenticated_without_default_nodes(recording: Recording, stack: str):
+    cluster = recording.one("eks:index:Cluster").inputs
+    version = stack_config(stack)["fsdp-eks:cluster"]["kubernetesVersion"]
+    addons = versions.EKS_ADDONS[version]
+    assert cluster["version"] == version
+    assert cluster["authenticationMode"] == "API"
+    assert cluster["skipDefaultNodeGroup"] is True
+    assert cluster["vpcCniOptions"]["addonVersion"] == addons["vpc-cni"]
+    assert cluster["corednsAddonOptions"]["version"] == addons["coredns"]
+    assert cluster["kubeProxyAddonOptions"]["version"] == addons["kube-proxy"]
+    pod_identity = recording.one("aws:eks/addon:Addon", "cluster-pod-identity-agent").inputs
+    assert pod_identity["addonVersion"] == addons["eks-pod-identity-agent"]
+
+
+def test_vpc_cni_new_enough_for_efa_only_interfaces():
+    for version, addons in versions.EKS_ADDONS.items():
+        major_minor_patch = tuple(int(x) for x in addons["vpc-cni"].lstrip("v").split("-")[0].split("."))
+        assert major_minor_patch >= (1, 18, 4), f"Kubernetes {version}: vpc-cni {addons['vpc-cni']}"
+
+
+def test_system_node_group_is_small_and_untainted(recording: Recording):
+    system = recording.one(NODE_GROUP, "cluster-system").inputs
+    assert system["amiType"] == "AL2023_x86_64_STANDARD"
+    assert not system.get("taints")
+
+
+def test_every_in_cluster_object_uses_the_cluster_provider(recording: Recording):
+    in_cluster = [r for r in recording.resources if r.type.startswith("kubernetes:") and r.type != "pulumi:providers:kubernetes"]
+    assert in_cluster
+    for r in in_cluster:
+        assert r.provider and "pulumi:providers:kubernetes::cluster-k8s" in r.provider, f"{r.type} {r.name}"
+
+
+def test_outputs(recording: Recording, stack: str):
+    exports = recording.exports
+    assert exports["cluster_name"] == f"fsdp-eks-{stack}"
+    assert "kubeconfig" in recording.secret_exports
+    assert exports["gpu_node_group"]
+    command = exports["gpu_nodes_command"]
+    assert profile_of(stack).instance_type in command
+    assert "nvidia\\.com/gpu" in command and "vpc\\.amazonaws\\.com/efa" in command
+
+
+def test_network_spans_two_azs_with_tagged_subnets(recording: Recording, stack: str):
+    azs = stack_config(stack)["fsdp-eks:network"]["availabilityZones"]
+    subnets = recording.of_type("aws:ec2/subnet:Subnet")
+    cluster_tag = f"kubernetes.io/cluster/fsdp-eks-{stack}"
+    public = [s.inputs for s in subnets if s.inputs["tags"].get("kubernetes.io/role/elb") == "1"]
+    private = [s.inputs for s in subnets if s.inputs["tags"].get("kubernetes.io/role/internal-elb") == "1"]
+    assert {s["availabilityZone"] for s in public} == set(azs) == {s["availabilityZone"] for s in private}
+    assert all(cluster_tag in s["tags"] for s in public + private)
+    assert len(recording.of_type("aws:ec2/natGateway:NatGateway")) == len(azs)
+
+
+# --- variants of a stack: config in, facts out --------------------------------------------
+
+
+def variant(stack: str, **sections) -> Recording:
+    config = copy.deepcopy(stack_config(stack))
+    for section, changes in sections.items():
+        config[f"fsdp-eks:{section}"] = {**config.get(f"fsdp-eks:{section}", {}), **changes}
+    return run_program(config, f"{stack}-variant")
+
+
+def test_capacity_block():
+    rec = variant("p5", gpuNodes={"capacityReservationId": "cr-0abc1234def567890", "capacityBlock": True})
+    lt = rec.one(LT).inputs
+    assert lt["instanceMarketOptions"]["marketType"] == "capacity-block"
+    assert lt["capacityReservationSpecification"]["capacityReservationTarget"]["capacityReservationId"] == (
+        "cr-0abc1234def567890")
+    assert rec.one(NODE_GROUP, "gpu-gpu").inputs["capacityType"] == "CAPACITY_BLOCK"
+    assert rec.of_type("aws:ec2/placementGroup:PlacementGroup") == []
+
+
+def test_secondary_interfaces_plain_efa_when_asked():
+    rec = variant("p5", gpuNodes={"secondaryInterfaceType": "efa"})
+    assert {i["interfaceType"] for i in rec.one(LT).inputs["networkInterfaces"]} == {"efa"}
+
+
+def test_existing_vpc_creates_no_network():
+    rec = variant("p5", network={"existingVpcId": "vpc-0123", "existingPrivateSubnetIds": ["subnet-a", "subnet-b"],
+                                 "existingPublicSubnetIds": ["subnet-c"], "existingGpuSubnetIds": ["subnet-b"]})
+    assert rec.of_type("aws:ec2/vpc:Vpc") == [] and rec.of_type("aws:ec2/subnet:Subnet") == []
+    assert rec.one("eks:index:Cluster").inputs["vpcId"] == "vpc-0123"
+    assert rec.one(NODE_GROUP, "gpu-gpu").inputs["subnetIds"] == ["subnet-b"]
+
+
+def test_existing_cluster_deploys_only_in_cluster_layers():
+    rec = variant("p5", cluster={"existingClusterName": "research"})
+    for absent in ("eks:index:Cluster", NODE_GROUP, "aws:ec2/vpc:Vpc", LT):
+        assert rec.of_type(absent) == [], f"{absent} created for an existing cluster"
+    assert len(rec.of_type(HELM)) >= 2
+    for r in rec.resources:
+        if r.type.startswith("kubernetes:"):
+            assert "pulumi:providers:kubernetes::cluster-k8s" in r.provider
+    assert rec.exports["cluster_name"] == "research" and "kubeconfig" in rec.secret_exports

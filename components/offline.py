@@ -154,3 +154,106 @@ def run_program(config: dict[str, Any], stack: str = "test") -> Recording:
 
     program()
     return recording
+
+
+# --------------------------------------------------------------------------- the offline plan
+
+SECRET_SIG_KEY = "4dabf18193072939515e22adb298388d"  # how the engine marks a secret value
+SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
+MASK = "[secret]"
+
+
+def is_secret_value(value: Any) -> bool:
+    """True for a value the engine received as a Pulumi secret."""
+    return isinstance(value, dict) and value.get(SECRET_SIG_KEY) == SECRET_SIG
+
+
+def masked(value: Any) -> Any:
+    """``value`` with every secret replaced by a mask: what may be printed or written."""
+    if is_secret_value(value):
+        return MASK
+    if isinstance(value, dict):
+        return {k: masked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # the engine passes every number as a float
+    return value
+
+
+def kubernetes_objects(recording: Recording) -> list[dict[str, Any]]:
+    """The Kubernetes objects of a run, as a ``kubectl apply`` would see them (secrets masked).
+
+    Helm releases and kustomize directories are rendered by their tools at deploy time; they
+    appear here as their inputs (chart, version, values), not as manifests.
+    """
+    objects = []
+    for r in recording.resources:
+        if not r.type.startswith("kubernetes:") or r.type.startswith(("kubernetes:helm.sh", "kubernetes:kustomize")):
+            continue
+        group_version, kind = r.type[len("kubernetes:"):].split(":")
+        group, version = group_version.split("/")
+        body = masked(r.inputs)
+        body.setdefault("apiVersion", version if group == "core" else f"{group}/{version}")
+        body.setdefault("kind", kind)
+        objects.append(body)
+    return objects
+
+
+def _summary(r: Registration) -> str:
+    """Key settings of a resource: its scalar inputs, and the size of its lists."""
+    parts = []
+    for key, value in sorted(masked(r.inputs).items()):
+        if isinstance(value, (str, int, bool)) and len(str(value)) <= 80 and key not in ("__self__",):
+            parts.append(f"{key}={value}")
+        elif isinstance(value, list) and value and key in ("networkInterfaces", "subnetIds", "instanceTypes", "taints"):
+            parts.append(f"{key}=[{len(value)}]" if key == "networkInterfaces" else f"{key}={value}")
+    return ", ".join(parts)
+
+
+def print_plan(recording: Recording, stack: str) -> None:
+    """One line per resource, grouped by component, with its key settings."""
+    print(f"Plan of stack {stack}: {len(recording.resources)} resources (offline, under mocks)")
+    for r in sorted(recording.resources, key=lambda r: r.name):  # names start with their component
+        print(f"  + {r.type} {r.name}")
+        summary = _summary(r)
+        if summary:
+            print(f"      {summary}")
+    print("Outputs:")
+    for key, value in recording.exports.items():
+        shown = MASK if key in recording.secret_exports else value
+        print(f"  {key}: {shown}")
+
+
+def write_manifests(recording: Recording, out: Path) -> list[Path]:
+    """Write every Kubernetes object and every Helm release's values as YAML under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for obj in kubernetes_objects(recording):
+        name = obj.get("metadata", {}).get("name", "unnamed")
+        path = out / f"{obj['kind'].lower()}-{name}.yaml"
+        path.write_text(yaml.safe_dump(obj, sort_keys=False))
+        written.append(path)
+    for r in recording.of_type("kubernetes:helm.sh/v3:Release"):
+        path = out / f"helm-{r.name}.yaml"
+        release = masked({k: r.inputs.get(k) for k in ("chart", "version", "repositoryOpts", "namespace", "values")})
+        path.write_text(yaml.safe_dump(release, sort_keys=False))
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Render a stack's plan offline (no AWS, no Pulumi CLI).")
+    parser.add_argument("--stack", default="p5", choices=STACKS, help="stack file Pulumi.<stack>.yaml")
+    parser.add_argument("--out", type=Path, default=Path("out/p5"), help="folder for the rendered YAML")
+    args = parser.parse_args(argv)
+    recording = run_program(stack_config(args.stack), args.stack)
+    print_plan(recording, args.stack)
+    written = write_manifests(recording, args.out)
+    print(f"Wrote {len(written)} Kubernetes objects and Helm values to {args.out}/")
+
+
+if __name__ == "__main__":
+    main()

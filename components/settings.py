@@ -260,7 +260,7 @@ def _snake(name: str) -> str:
 
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
-    return head + "".join(part.upper() if part == "gib" else part.title() for part in rest)
+    return head + "".join("GiB" if part == "gib" else part.title() for part in rest)
 
 
 def _coerce(value: Any, hint: Any, key: str, problems: list[Problem]) -> Any:

@@ -1,0 +1,34 @@
+"""The README's configuration reference against the settings dataclasses: every key a stack
+file may hold is documented, so a user never has to read the code to configure a stack."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from components.settings import SCALAR_KEYS, SECRET_KEYS, SECTIONS, _camel
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+
+
+def documented(section: str, key: str) -> bool:
+    """A reference row starts with `section.key`, or names the key after `section.` in one row."""
+    return any(
+        line.startswith("|") and f"`{section}." in line.split("|")[1] and f"{key}`" in line.split("|")[1]
+        for line in README.splitlines()
+    )
+
+
+def test_every_settings_key_is_in_the_configuration_reference():
+    missing = [
+        f"{section}.{_camel(f.name)}"
+        for section, cls in SECTIONS.items()
+        for f in dataclasses.fields(cls)
+        if not documented(section, _camel(f.name))
+    ]
+    missing += [key for key in (*SCALAR_KEYS, *SECRET_KEYS) if f"| `{key}` |" not in README]
+    assert not missing, f"README configuration reference lacks {missing}"
+
+
+def test_readme_names_the_two_commands():
+    assert "make demo" in README and "make test" in README

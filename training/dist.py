@@ -1,0 +1,77 @@
+"""Process-group setup from torchrun's environment (or a 1-process world without torchrun)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+SLOW_COLLECTIVE_TIMEOUT = datetime.timedelta(hours=3)
+"""Timeout of the side group that waits for downloads (a 70B model is ~130 GB per node)."""
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    slow_group: dist.ProcessGroup
+    """A gloo group with a long timeout, for waiting on one process per node (downloads)."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_local_main(self) -> bool:
+        return self.local_rank == 0
+
+    @property
+    def num_nodes(self) -> int:
+        return self.world_size // self.local_world_size
+
+    @property
+    def node_leader(self) -> int:
+        """Global rank of local rank 0 on this node (torchrun numbers ranks node by node)."""
+        return self.rank - self.local_rank
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> DistEnv:
+    """Join the job's process group: NCCL on CUDA (plus gloo for CPU tensors), gloo on CPU."""
+    if "RANK" not in os.environ:  # plain `python -m training.finetune`: a world of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group(backend="gloo")
+    slow = dist.new_group(backend="gloo", timeout=SLOW_COLLECTIVE_TIMEOUT)
+    return DistEnv(rank=rank, world_size=world, local_rank=local_rank,
+                   local_world_size=local_world, device=device, slow_group=slow)
+
+
+def all_sum(value: float | int, device: torch.device) -> float:
+    """Sum a Python number over all ranks."""
+    t = torch.tensor(float(value), dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.item()

@@ -1,0 +1,333 @@
+"""Fine-tune a Llama-family model with FSDP2: `torchrun ... -m training.finetune --help`.
+
+Setup is a list of `_build_*` steps; `train_step` is the whole optimization step; `run` is the
+loop: resume, step, log, checkpoint, export. Test hooks are environment variables named
+FSDP_EKS_TEST_* (see `checkpoint.TEST_KILL_IN_SAVE_ENV` and `TEST_STEP_DELAY_ENV`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.tensor import DTensor
+
+from training import hub
+from training.checkpoint import Checkpointer, TrainerState
+from training.config import JobConfig, OptimConfig, parse_args
+from training.dataset import IGNORE_INDEX, PackedData, StepSampler, load_records, pack
+from training.dist import DistEnv, all_sum, init_distributed
+from training.errors import OOM_ADVICE, UserError
+from training.export import export_hf
+from training.metrics import (JsonLines, flops_per_token, peak_flops, step_metrics,
+                              summarize)
+from training.model import (allocate, build_meta_model, decoder_layers, load_weights,
+                            parameter_counts)
+from training.parallel import DTYPES, build_mesh, compute_dtype, parallelize
+from training.prometheus import NoMetrics, TrainingMetrics
+
+log = logging.getLogger("training")
+
+TEST_STEP_DELAY_ENV = "FSDP_EKS_TEST_STEP_DELAY_S"
+"""Test hook: sleep this many seconds after every step, so a test can act mid-run."""
+TEST_EXIT_AFTER_STEP_ENV = "FSDP_EKS_TEST_EXIT_AFTER_STEP"
+"""Test hook: stop cleanly (status 0) right after this step and its checkpoint, like a job
+that was stopped; no final checkpoint or export."""
+
+
+# ----------------------------------------------------------------------------- setup steps
+def _setup_logging(env: DistEnv) -> None:
+    from tqdm import tqdm
+
+    class TqdmHandler(logging.StreamHandler):
+        def emit(self, rec: logging.LogRecord) -> None:
+            tqdm.write(self.format(rec), file=sys.stderr)
+
+    handler = TqdmHandler()
+    handler.setFormatter(logging.Formatter(
+        f"%(asctime)s [rank {env.rank}] %(levelname)s %(message)s", "%H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO if env.is_main else logging.WARNING)
+    for noisy in ("httpx", "huggingface_hub", "filelock", "torch.distributed.checkpoint"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # our own log lines say what loads
+
+
+def _build_data(cfg: JobConfig, tokenizer, env: DistEnv) -> tuple[PackedData, StepSampler]:
+    loaded: dict[str, list] = {}
+
+    def load() -> str:
+        loaded["records"] = load_records(cfg.data, cfg.model.cache_dir)
+        return ""
+
+    hub.on_node_leader_first(env, load)  # one process per node fills the datasets cache first
+    records = loaded["records"] if env.is_local_main else load_records(cfg.data,
+                                                                         cfg.model.cache_dir)
+    data = pack(records, tokenizer, cfg.data.seq_len, cfg.data.mask_prompt)
+    sampler = StepSampler(len(data), env.world_size, env.rank, cfg.train.batch_size,
+                          cfg.train.grad_accum, cfg.train.seed)
+    log.info("data: %s", json.dumps(data.stats))
+    return data, sampler
+
+
+def _build_model(cfg: JobConfig, model_dir: Path, env: DistEnv) -> nn.Module:
+    """Meta-device model -> AC, compile, fully_shard -> allocate shards -> load weights."""
+    model = build_meta_model(model_dir)
+    mesh = build_mesh(cfg.parallel, env)
+    wrapped = parallelize(model, cfg.parallel, mesh,
+                          compute_dtype(cfg.model.dtype, env.device))
+    allocate(model, env.device)
+    started = time.perf_counter()
+    read = all_sum(load_weights(model, model_dir), env.device)
+    log.info("model: %s, mesh %s, wrapped %s; loaded %.1f MB of weights across ranks in %.1f s",
+             type(model).__name__, dict(zip(mesh.mesh_dim_names, mesh.shape)), wrapped,
+             read / 2**20, time.perf_counter() - started)
+    model.train()
+    return model
+
+
+def _build_optimizer(model: nn.Module, cfg: OptimConfig,
+                     device: torch.device) -> torch.optim.Optimizer:
+    """AdamW (fused on CUDA); weight decay on matrices only."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
+                             fused=device.type == "cuda")
+
+
+class WarmupCosine:
+    """LR factor: linear warm-up to 1 over `warmup` steps, cosine down to `min_ratio` at the
+    last step. A callable object, so LambdaLR's state_dict carries its fields."""
+
+    def __init__(self, warmup: int, total: int, min_ratio: float):
+        self.warmup, self.total, self.min_ratio = warmup, total, min_ratio
+
+    def __call__(self, done: int) -> float:
+        if done < self.warmup:
+            return (done + 1) / self.warmup
+        progress = min(1.0, (done - self.warmup) / max(1, self.total - self.warmup - 1))
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+# ----------------------------------------------------------------------------- the step
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
+               scheduler: torch.optim.lr_scheduler.LRScheduler,
+               micro_batches: list[tuple[torch.Tensor, torch.Tensor]], max_grad_norm: float,
+               env: DistEnv) -> tuple[float, float]:
+    """One optimizer step over gradient-accumulation micro-batches; returns (loss, grad norm).
+
+    The loss is the mean over every target token of the global batch. FSDP averages gradients
+    over ranks, so each rank scales its token-sum loss by world / global target tokens.
+    Gradients are reduced only on the last micro-batch.
+    """
+    targets = all_sum(sum(int((y != IGNORE_INDEX).sum()) for _, y in micro_batches), env.device)
+    scale = env.world_size / max(targets, 1.0)
+    loss_sum = torch.zeros((), device=env.device)
+    for i, (inputs, labels) in enumerate(micro_batches):
+        model.set_requires_gradient_sync(i == len(micro_batches) - 1)
+        logits = model(input_ids=inputs, use_cache=False).logits
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
+                               ignore_index=IGNORE_INDEX, reduction="sum")
+        (loss * scale).backward()
+        loss_sum += loss.detach()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm or math.inf)
+    if isinstance(grad_norm, DTensor):
+        grad_norm = grad_norm.full_tensor()
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    dist.all_reduce(loss_sum)
+    return loss_sum.item() / max(targets, 1.0), grad_norm.item()
+
+
+# ----------------------------------------------------------------------------- the loop
+@dataclass
+class _Run:
+    """What the loop needs besides the model (keeps `run` readable)."""
+
+    data: PackedData
+    sampler: StepSampler
+    state: TrainerState
+    total_steps: int
+
+
+def _micro_batches(run: _Run, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    indices, run.state.epoch, run.state.offset = run.sampler.next_step(run.state.epoch,
+                                                                       run.state.offset)
+    return [(run.data.inputs[i].to(device, non_blocking=True),
+             run.data.targets[i].to(device, non_blocking=True)) for i in indices]
+
+
+def _describe(cfg: JobConfig, env: DistEnv, model: nn.Module, flops_token: float) -> dict:
+    """What DESIGN.md section 5 asks to report beside every speed number."""
+    total, embedding = parameter_counts(model)
+    mcfg = model.config
+    global_seqs = env.world_size * cfg.train.batch_size * cfg.train.grad_accum
+    import transformers
+    return {
+        "run/model": cfg.model.model, "run/params": total, "run/params_without_embedding":
+        total - embedding, "run/layers": mcfg.num_hidden_layers, "run/hidden": mcfg.hidden_size,
+        "run/seq_len": cfg.data.seq_len, "run/gpus": env.world_size, "run/nodes": env.num_nodes,
+        "run/device": (torch.cuda.get_device_name(env.device) if env.device.type == "cuda"
+                       else "cpu"),
+        "run/tokens_per_gpu_batch": cfg.train.batch_size * cfg.data.seq_len,
+        "run/tokens_per_global_batch": global_seqs * cfg.data.seq_len,
+        "run/param_dtype": str(compute_dtype(cfg.model.dtype, env.device)).removeprefix("torch."),
+        "run/reduce_dtype": "float32", "run/optimizer_state_dtype": "float32",
+        "run/sharding": cfg.parallel.sharding,
+        "run/activation_checkpointing": cfg.parallel.activation_checkpointing,
+        "run/compile": cfg.parallel.compile, "run/flops_per_token": flops_token,
+        "run/torch": torch.__version__, "run/transformers": transformers.__version__,
+    }
+
+
+def run(cfg: JobConfig, env: DistEnv) -> dict:
+    """The whole job; returns the summary dict (rank 0's is complete)."""
+    from transformers import AutoTokenizer
+    from tqdm import tqdm
+
+    model_dir = hub.fetch_model(cfg.model.model, cfg.model.cache_dir, cfg.train.seed, env)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    data, sampler = _build_data(cfg, tokenizer, env)
+    model = _build_model(cfg, model_dir, env)
+    optimizer = _build_optimizer(model, cfg.optim, env.device)
+    schedule = WarmupCosine(cfg.optim.warmup_steps, 1, cfg.optim.min_lr_ratio)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    state = TrainerState(scheduler)
+    torch.manual_seed(cfg.train.seed)  # identical RNG on every rank from here on
+
+    ckpt = (Checkpointer(cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep_checkpoints, env)
+            if cfg.checkpoint.checkpoint_dir else None)
+    if ckpt is None:
+        log.warning("no --checkpoint-dir: a failure loses all progress of this run")
+    latest = ckpt.latest() if ckpt else None
+    if latest:
+        ckpt.load(latest[1], model, optimizer, state)
+        log.info("resumed from %s (step %d, epoch %d)", latest[1], state.step, state.epoch)
+    remaining = sampler.remaining_steps(state.epoch, state.offset, cfg.train.epochs)
+    total = state.step + remaining
+    if cfg.train.max_steps is not None:
+        total = min(total, cfg.train.max_steps)
+    schedule.total = total  # after load: a new --max-steps or world size moves the horizon
+    for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
+        group["lr"] = base_lr * schedule(scheduler.last_epoch)
+    run_ = _Run(data=data, sampler=sampler, state=state, total_steps=total)
+
+    n_total, n_embedding = parameter_counts(model)
+    mcfg = model.config
+    flops_token = flops_per_token(n_total - n_embedding, mcfg.num_hidden_layers,
+                                  mcfg.hidden_size, cfg.data.seq_len)
+    peak = peak_flops(env.device)
+    tokens_per_step = sampler.global_batch * cfg.data.seq_len
+    description = _describe(cfg, env, model, flops_token)
+    log.info("plan: steps %d..%d, %s", state.step + 1, total, json.dumps(description))
+
+    with ExitStack() as stack:
+        jsonl = JsonLines(cfg.metrics.metrics_file if env.is_main else None)
+        stack.callback(jsonl.close)
+        prom = (TrainingMetrics(cfg.metrics.metrics_port)
+                if cfg.metrics.metrics_port and env.is_local_main else NoMetrics())
+        stack.callback(prom.close)
+        bar = tqdm(total=total, initial=state.step, unit="step", dynamic_ncols=True,
+                   file=sys.stderr, disable=not (env.is_main and sys.stderr.isatty()))
+        stack.callback(bar.close)
+        history: list[dict] = []
+        saved_step = state.step if latest else -1
+        delay = float(os.environ.get(TEST_STEP_DELAY_ENV, "0"))
+        exit_after = int(os.environ.get(TEST_EXIT_AFTER_STEP_ENV, "0"))
+
+        for step in range(state.step + 1, total + 1):
+            started = time.perf_counter()
+            lr = optimizer.param_groups[0]["lr"]
+            loss, grad_norm = train_step(model, optimizer, scheduler,
+                                         _micro_batches(run_, env.device),
+                                         cfg.optim.max_grad_norm, env)
+            elapsed = time.perf_counter() - started
+            state.step, state.tokens_seen = step, state.tokens_seen + tokens_per_step
+            m = step_metrics(step=step, epoch=state.epoch, loss=loss, lr=lr,
+                             grad_norm=grad_norm, tokens=tokens_per_step, step_time_s=elapsed,
+                             world_size=env.world_size, flops_token=flops_token, peak=peak,
+                             device=env.device)
+            history.append(m)
+            jsonl.write(m)
+            prom.observe_step(m)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{m['perf/tokens_per_s']:,.0f}")
+            if step % cfg.train.log_every == 0 or step == total:
+                log.info(_format(m, total))
+            every = cfg.checkpoint.checkpoint_every
+            if ckpt and ((every and step % every == 0) or step == total):
+                ckpt.save(step, model, optimizer, state, {"config": cfg.to_dict()})
+                saved_step = step
+                prom.observe_checkpoint()
+            if delay:
+                time.sleep(delay)
+            if step == exit_after:
+                log.warning("test hook %s: stopping after step %d", TEST_EXIT_AFTER_STEP_ENV,
+                            step)
+                return {}
+
+        if ckpt and saved_step != state.step:  # nothing ran (already finished): keep it saved
+            ckpt.save(state.step, model, optimizer, state, {"config": cfg.to_dict()})
+            prom.observe_checkpoint()
+        if cfg.checkpoint.output_dir:
+            export_hf(model, tokenizer, cfg.checkpoint.output_dir,
+                      DTYPES[cfg.checkpoint.export_dtype], env)
+        skip = min(10, max(1, len(history) // 5)) if len(history) > 1 else 0
+        summary = {**summarize(history, skip), **description}
+        jsonl.write(summary)
+        log.info("summary: %s", json.dumps(summary))
+    return summary
+
+
+def _format(m: dict, total: int) -> str:
+    mfu = "n/a" if m["perf/mfu_pct"] is None else f"{m['perf/mfu_pct']:.1f}%"
+    mem = m.get("memory/max_allocated_gib", m.get("memory/max_rss_gib"))
+    return (f"step {m['train/step']}/{total} | loss {m['train/loss']:.4f} | lr {m['train/lr']:.2e}"
+            f" | grad_norm {m['train/grad_norm']:.3f} | {m['perf/tokens_per_s']:,.0f} tok/s"
+            f" | {m['perf/tokens_per_s_per_gpu']:,.0f} tok/s/gpu | mfu {mfu}"
+            f" | {m['perf/step_time_s']:.3f} s/step | mem {mem:.2f} GiB")
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    env = init_distributed()
+    _setup_logging(env)
+    try:
+        run(cfg, env)
+        return 0
+    except UserError as e:
+        if env.is_main:
+            log.error("%s", e)
+        elif env.is_local_main:  # one line per node; the other ranks hit the same error
+            print(f"[rank {env.rank}] error: {e}", file=sys.stderr)
+        return 1
+    except torch.cuda.OutOfMemoryError:
+        print(f"[rank {env.rank}] " + OOM_ADVICE.format(
+            where=f" on {torch.cuda.get_device_name(env.device)}"), file=sys.stderr)
+        return 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Speed and progress metrics: one flat dict per step with namespaced, unit-carrying keys.
+
+MFU follows DESIGN.md section 5: tokens/s/GPU x FLOPs/token / peak, with
+FLOPs/token = 6 x (parameters without the input-embedding table) + 12 x layers x hidden x seq
+(the second term is attention's QK^T and AV matmuls, forward and backward). Recomputation by
+activation checkpointing is not counted: MFU measures useful work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756e12),
+    ("H100", 989.5e12),  # SXM
+    ("H200", 989.5e12),
+    ("H20", 148e12),
+    ("A100", 312e12),
+    ("A10G", 125e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+)
+"""Dense bf16 peak per device, by a substring of torch.cuda.get_device_name (first match wins).
+Vendor datasheets; the H200's is the H100 SXM's. Power-capped cards reach less (DESIGN.md)."""
+
+
+def flops_per_token(params_without_embedding: int, layers: int, hidden: int,
+                    seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward) of a decoder-only transformer."""
+    return 6.0 * params_without_embedding + 12.0 * layers * hidden * seq_len
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """Dense bf16 peak FLOP/s of one device; None on CPU or an unknown GPU (MFU is then null)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in PEAK_BF16_FLOPS:
+        if key in name:
+            return flops
+    return None
+
+
+def memory_gib(device: torch.device) -> dict[str, float]:
+    if device.type == "cuda":
+        return {"memory/max_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+                "memory/max_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30}
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    scale = 1 if sys.platform == "darwin" else 1024
+    return {"memory/max_rss_gib": rss_kib * scale / 2**30}
+
+
+def step_metrics(*, step: int, epoch: int, loss: float, lr: float, grad_norm: float,
+                 tokens: int, step_time_s: float, world_size: int, flops_token: float,
+                 peak: float | None, device: torch.device) -> dict:
+    """The metrics of one optimizer step.
+
+    tokens: tokens processed by the whole job in this step (global batch x sequence length).
+    """
+    tokens_per_s = tokens / step_time_s
+    per_gpu = tokens_per_s / world_size
+    mfu = per_gpu * flops_token / peak if peak else None
+    return {
+        "train/step": step,
+        "train/epoch": epoch,
+        "train/loss": loss,
+        "train/lr": lr,
+        "train/grad_norm": grad_norm,
+        "train/tokens": tokens,
+        "perf/step_time_s": step_time_s,
+        "perf/tokens_per_s": tokens_per_s,
+        "perf/tokens_per_s_per_gpu": per_gpu,
+        "perf/tflops_per_gpu": per_gpu * flops_token / 1e12,
+        "perf/mfu_pct": None if mfu is None else 100.0 * mfu,
+        **memory_gib(device),
+        "time/unix_s": time.time(),
+    }
+
+
+def summarize(history: list[dict], warmup_steps: int) -> dict:
+    """Steady-state means over `history`, skipping its first `warmup_steps` records."""
+    if not history:
+        return {}
+    steady = history[warmup_steps:] or history[-1:]
+    mean = lambda key: (math.fsum(h[key] for h in steady) / len(steady)  # noqa: E731
+                        if steady[0].get(key) is not None else None)
+    return {
+        "summary/steps": history[-1]["train/step"],
+        "summary/final_loss": history[-1]["train/loss"],
+        "summary/steady_steps": len(steady),
+        "summary/step_time_s": mean("perf/step_time_s"),
+        "summary/tokens_per_s": mean("perf/tokens_per_s"),
+        "summary/tokens_per_s_per_gpu": mean("perf/tokens_per_s_per_gpu"),
+        "summary/tflops_per_gpu": mean("perf/tflops_per_gpu"),
+        "summary/mfu_pct": mean("perf/mfu_pct"),
+    }
+
+
+class JsonLines:
+    """Appends one JSON object per line (rank 0 only); flushed per line so a crash loses none."""
+
+    def __init__(self, path: str | None):
+        self.file = None
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115
+
+    def write(self, record: dict) -> None:
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()

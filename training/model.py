@@ -1,0 +1,171 @@
+"""Llama-family models: built on the meta device, weights read shard by shard.
+
+Memory: no process ever holds the full model. The model is created on the meta device (no
+storage), sharded by FSDP2, given storage for its own shards only (`to_empty`), and then each
+rank reads from the safetensors files (memory-mapped) exactly the rows of each tensor that its
+shard holds. Peak host memory per rank is therefore one shard of the model, plus the page cache
+the node's ranks share; nothing is broadcast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from training.errors import UserError
+
+log = logging.getLogger(__name__)
+
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
+"""Name parts added by activation-checkpoint and compile wrappers; not part of a weight's name."""
+
+
+def canonical_name(name: str) -> str:
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def load_config(model_dir: Path):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_dir)
+
+
+def build_meta_model(model_dir: Path) -> nn.Module:
+    """The causal LM of `model_dir`'s config, on the meta device, fp32 (the master weights)."""
+    from transformers import AutoModelForCausalLM
+
+    config = load_config(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                                 attn_implementation="sdpa")
+    model.config.use_cache = False
+    decoder_layers(model)  # fail early on an unsupported layout
+    return model
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder blocks (`model.model.layers`, the layout of Llama, Mistral, Qwen2 ...)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        raise UserError(f"--model: {type(model).__name__} has no decoder layers at "
+                        "model.model.layers; only Llama-style causal LMs are supported")
+    return layers
+
+
+def allocate(model: nn.Module, device: torch.device) -> None:
+    """Give the (sharded) meta model real storage on `device` and rebuild computed buffers.
+
+    `to_empty` leaves every tensor uninitialised; parameters are then loaded from the
+    checkpoint, but non-persistent buffers (the rotary embedding's inverse frequencies) are not
+    in any checkpoint, so they are recomputed by constructing the module again from its config.
+    """
+    model.to_empty(device=device)
+    for module in model.modules():
+        if "RotaryEmbedding" in type(module).__name__ and hasattr(module, "config"):
+            fresh = type(module)(module.config)
+            for name, buf in fresh.named_buffers(recurse=False):
+                getattr(module, name).copy_(buf)
+
+
+def _local_slices(tensor: torch.Tensor) -> tuple[slice, ...]:
+    """The region of the global tensor that this rank's local shard holds.
+
+    FSDP2 shards with torch.chunk semantics (ceil-sized chunks, trailing ranks may be empty);
+    nested Shard placements on one dim compose.
+    """
+    shape = list(tensor.shape)
+    if not isinstance(tensor, DTensor):
+        return tuple(slice(0, n) for n in shape)
+    offsets = [0] * len(shape)
+    coordinate = tensor.device_mesh.get_coordinate()
+    assert coordinate is not None, "rank is not part of the parameter's mesh"
+    for mesh_dim, placement in enumerate(tensor.placements):
+        if placement.is_shard():
+            dim, parts = placement.dim, tensor.device_mesh.size(mesh_dim)
+            chunk = math.ceil(shape[dim] / parts)
+            start = min(coordinate[mesh_dim] * chunk, shape[dim])
+            offsets[dim] += start
+            shape[dim] = min(chunk, shape[dim] - start)
+        else:
+            assert placement.is_replicate(), f"unexpected placement {placement}"
+    local_shape = tuple(tensor.to_local().shape)
+    assert tuple(shape) == local_shape, f"computed shard {shape} != local shard {local_shape}"
+    return tuple(slice(o, o + n) for o, n in zip(offsets, shape))
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / n for n in names]
+    single = model_dir / "model.safetensors"
+    if single.exists():
+        return [single]
+    raise UserError(f"--model: no model.safetensors or model.safetensors.index.json in "
+                    f"{model_dir}")
+
+
+@torch.no_grad()
+def load_weights(model: nn.Module, model_dir: Path) -> int:
+    """Copy this rank's shard of every weight from `model_dir`'s safetensors; returns bytes read.
+
+    Each rank reads only its own rows (safetensors slices over a memory map). Tied weights
+    (e.g. an lm_head tied to the embedding) may be absent from the files.
+    """
+    from safetensors import safe_open
+
+    wanted = {canonical_name(k): v for k, v in model.state_dict().items()}
+    tied = {canonical_name(k) for k in _tied_keys(model)}
+    read = 0
+    for path in _weight_files(model_dir):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                target = wanted.pop(key, None)
+                if target is None:
+                    if key in tied:
+                        continue
+                    raise UserError(f"--model: weight {key} in {path.name} does not belong to "
+                                    f"{type(model).__name__}; is config.json from the same model?")
+                region = _local_slices(target)
+                local = target.to_local() if isinstance(target, DTensor) else target
+                if local.numel() == 0:
+                    continue
+                piece = f.get_slice(key)[region]
+                if tuple(piece.shape) != tuple(local.shape):
+                    raise UserError(f"--model: weight {key} has shape "
+                                    f"{f.get_slice(key).get_shape()}, the model expects "
+                                    f"{tuple(target.shape)}")
+                local.copy_(piece)
+                read += piece.numel() * piece.element_size()
+    missing = sorted(set(wanted) - tied)
+    if missing:
+        raise UserError(f"--model: {len(missing)} weights missing from {model_dir}, e.g. "
+                        f"{missing[:3]}")
+    return read
+
+
+def _tied_keys(model: nn.Module) -> set[str]:
+    """Names of parameters that share storage with another parameter (counted once)."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            tied.add(name)
+        else:
+            seen[id(p)] = name
+    return tied
+
+
+def parameter_counts(model: nn.Module) -> tuple[int, int]:
+    """(all parameters, input-embedding parameters), each shared tensor counted once."""
+    total = sum(p.numel() for p in model.parameters())
+    embedding = model.get_input_embeddings().weight.numel()
+    return total, embedding

@@ -1,0 +1,87 @@
+"""Prometheus metrics of the training job, served by local rank 0 of every node.
+
+The names are a contract with the dashboard and alert rules (issue 5); do not rename them.
+Every node exports the job-wide values (loss and throughput are already all-reduced), so a
+scrape of any node tells the job's state and `fsdp_train_last_step_timestamp_seconds` going
+stale on one node shows that node is stuck.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+log = logging.getLogger(__name__)
+
+STEP = "fsdp_train_step"
+STEPS_TOTAL = "fsdp_train_steps"  # a Counter: exposed as fsdp_train_steps_total
+LOSS = "fsdp_train_loss"
+LEARNING_RATE = "fsdp_train_learning_rate"
+TOKENS_PER_SECOND = "fsdp_train_tokens_per_second"
+TOKENS_PER_SECOND_PER_GPU = "fsdp_train_tokens_per_second_per_gpu"
+MFU_RATIO = "fsdp_train_mfu_ratio"
+STEP_SECONDS = "fsdp_train_step_seconds"
+LAST_CHECKPOINT_TIMESTAMP = "fsdp_train_last_checkpoint_timestamp_seconds"
+LAST_STEP_TIMESTAMP = "fsdp_train_last_step_timestamp_seconds"
+
+
+class TrainingMetrics:
+    """The fsdp_train_* gauges and counter on their own registry, served over HTTP."""
+
+    def __init__(self, port: int):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.step = Gauge(STEP, "Last completed optimizer step.", registry=r)
+        self.steps = Counter(STEPS_TOTAL, "Optimizer steps completed by this process.",
+                             registry=r)
+        self.loss = Gauge(LOSS, "Training loss (mean per target token) of the last step.",
+                          registry=r)
+        self.lr = Gauge(LEARNING_RATE, "Learning rate of the last step.", registry=r)
+        self.tps = Gauge(TOKENS_PER_SECOND, "Tokens per second of the whole job, last step.",
+                         registry=r)
+        self.tps_gpu = Gauge(TOKENS_PER_SECOND_PER_GPU, "Tokens per second per GPU, last step.",
+                             registry=r)
+        self.mfu = Gauge(MFU_RATIO, "Model FLOPs utilisation (0..1) of the last step against "
+                         "the GPU's dense bf16 peak; 0 where the peak is unknown.", registry=r)
+        self.step_seconds = Gauge(STEP_SECONDS, "Wall time of the last optimizer step.",
+                                  registry=r)
+        self.last_checkpoint = Gauge(LAST_CHECKPOINT_TIMESTAMP,
+                                     "Unix time of the last complete checkpoint.", registry=r)
+        self.last_step = Gauge(LAST_STEP_TIMESTAMP, "Unix time the last step completed.",
+                               registry=r)
+        self.server, self.thread = start_http_server(port, registry=r)
+        log.info("serving Prometheus metrics on port %d", port)
+
+    def observe_step(self, m: dict) -> None:
+        """Update from one record of `metrics.step_metrics`."""
+        self.step.set(m["train/step"])
+        self.steps.inc()
+        self.loss.set(m["train/loss"])
+        self.lr.set(m["train/lr"])
+        self.tps.set(m["perf/tokens_per_s"])
+        self.tps_gpu.set(m["perf/tokens_per_s_per_gpu"])
+        self.mfu.set((m["perf/mfu_pct"] or 0.0) / 100.0)
+        self.step_seconds.set(m["perf/step_time_s"])
+        self.last_step.set(m["time/unix_s"])
+
+    def observe_checkpoint(self, unix_time: float | None = None) -> None:
+        self.last_checkpoint.set(time.time() if unix_time is None else unix_time)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class NoMetrics:
+    """Stand-in on ranks that serve nothing, or when --metrics-port is 0."""
+
+    def observe_step(self, m: dict) -> None:
+        pass
+
+    def observe_checkpoint(self, unix_time: float | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,181 @@
+"""Helpers for the training tests: real torchrun processes on CPU with gloo.
+
+Every multi-process test fine-tunes the `tiny` preset (2 layers, hidden 64, 320-token byte
+vocabulary) on the shipped dataset at --seq-len 64, with OMP_NUM_THREADS=1, so the whole
+suite stays within a few minutes on 2 cores. Runs that several tests compare against are
+session fixtures and run once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+STEPS = 8
+"""Optimizer steps of the reference run (2N in the resume tests, N = 4)."""
+
+SEED = 7
+TINY_FLAGS = [
+    "--model", "tiny", "--seq-len", "64", "--lr", "3e-3", "--warmup-steps", "2",
+    "--no-mask-prompt", "--max-steps", str(STEPS), "--seed", str(SEED),
+]
+"""The tiny job every comparison uses; world x --batch-size x --grad-accum = 8 sequences."""
+
+_RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+             "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a training process: this one minus any rank variables."""
+    env = {k: v for k, v in os.environ.items() if k not in _RANK_ENV and not k.startswith("PET_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1",
+               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.pop("HF_TOKEN", None)
+    env.update(extra)
+    return env
+
+
+def torchrun_cmd(nproc: int, launcher: list[str] | None = None) -> list[str]:
+    launcher = launcher or ["--standalone"]
+    return [sys.executable, "-m", "torch.distributed.run", *launcher,
+            f"--nproc-per-node={nproc}", "-m", "training.finetune"]
+
+
+@dataclass
+class Run:
+    """A finished training run: its exit status, output, and where it wrote."""
+
+    returncode: int
+    output: str
+    workdir: Path
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.workdir / "metrics.jsonl"
+
+    def steps(self) -> dict[int, dict]:
+        """Step records by step; a step redone after a restart keeps its last record."""
+        return steps_of(self.metrics_file)
+
+    def losses(self) -> list[float]:
+        records = self.steps()
+        return [records[s]["train/loss"] for s in sorted(records)]
+
+    def check(self) -> Run:
+        assert self.returncode == 0, f"training failed ({self.returncode}):\n{self.output[-6000:]}"
+        return self
+
+
+def steps_of(path: Path) -> dict[int, dict]:
+    records: dict[int, dict] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            if "train/step" in r:
+                records[r["train/step"]] = r
+    return records
+
+
+def train(workdir: Path, *flags: str, nproc: int = 2, cache: Path, env: dict | None = None,
+          launcher: list[str] | None = None, timeout: float = 240) -> Run:
+    """Run `torchrun -m training.finetune` to completion; metrics go to workdir/metrics.jsonl."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    cmd = torchrun_cmd(nproc, launcher) + [
+        *TINY_FLAGS, "--cache-dir", str(cache), "--metrics-file", str(workdir / "metrics.jsonl"),
+        *flags]
+    proc = subprocess.run(cmd, cwd=REPO, env=child_env(**(env or {})), capture_output=True,
+                          text=True, timeout=timeout)
+    return Run(proc.returncode, proc.stdout + proc.stderr, workdir)
+
+
+def assert_losses_close(actual: list[float], expected: list[float], rtol: float,
+                        what: str) -> None:
+    assert len(actual) == len(expected), f"{what}: {len(actual)} steps vs {len(expected)}"
+    worst = max(abs(a - e) / abs(e) for a, e in zip(actual, expected))
+    assert worst <= rtol, (f"{what}: losses differ by up to {worst:.2e} (relative), more than "
+                           f"{rtol:.0e}:\n  got      {actual}\n  expected {expected}")
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory) -> Path:
+    """One download cache for the session (the tiny preset is materialised once)."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory, tiny_cache) -> Run:
+    """The uninterrupted reference: FULL_SHARD, 2 ranks x --batch-size 4, 8 steps, checkpoints
+    every 4 steps, fp32 export. Resume, fault and strategy tests compare against it."""
+    work = tmp_path_factory.mktemp("reference")
+    return train(work, "--batch-size", "4", "--checkpoint-dir", str(work / "ckpt"),
+                 "--checkpoint-every", "4", "--output-dir", str(work / "export"),
+                 "--export-dtype", "fp32", cache=tiny_cache).check()
+
+
+def etcd_binary() -> str | None:
+    """Debian's etcd-server; None when absent outside CI (under CI=true absence fails)."""
+    path = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
+    if path is None and os.environ.get("CI", "").lower() not in ("", "0", "false"):
+        pytest.fail("etcd is not installed; .ci/run installs etcd-server")
+    return path
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    """A real etcd (v2 API enabled, as torchrun's etcd backends need) on free loopback ports."""
+    binary = etcd_binary()
+    if binary is None:
+        pytest.skip("etcd not installed (apt-get install etcd-server)")
+    client, peer = free_port(), free_port()
+    data = tmp_path_factory.mktemp("etcd")
+    cmd = [binary, "--name", "test", "--data-dir", str(data / "data"), "--enable-v2",
+           "--listen-client-urls", f"http://127.0.0.1:{client}",
+           "--advertise-client-urls", f"http://127.0.0.1:{client}",
+           "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+           "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+           "--initial-cluster", f"test=http://127.0.0.1:{peer}"]
+    log = (data / "etcd.log").open("w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_for_etcd(client, proc, data / "etcd.log")
+        yield f"127.0.0.1:{client}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _wait_for_etcd(port: int, proc: subprocess.Popen, log: Path) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"etcd exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/keys", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    pytest.fail(f"etcd did not answer on port {port} within 30 s")

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
-from components import versions
+from components import memory_fit, versions
 from components.hardware import PROFILES, HardwareProfile
 
 NAMESPACE = "fsdp-eks"
@@ -118,6 +118,8 @@ class JobSettings:
 
     model: str = "meta-llama/Llama-2-7b-hf"
     """Hugging Face model id or a path inside the container (FSx, NVMe)."""
+    model_parameters: float | None = None
+    """Parameters in billions, for models the GPU-memory fit check does not know."""
     dataset: str = ""
     """Hugging Face dataset name or a json/jsonl/parquet path; empty: the package's own."""
     nodes: int = 2
@@ -519,7 +521,8 @@ def job_node_bounds(job: JobSettings) -> tuple[int, int]:
     return (job.min_nodes or job.nodes, job.max_nodes or job.nodes)
 
 
-RULES: list[Rule] = [_network_rules, _cluster_rules, _gpu_node_rules, _job_rules, _secret_rules]
+RULES: list[Rule] = [_network_rules, _cluster_rules, _gpu_node_rules, _job_rules, _secret_rules,
+                     memory_fit.fit_problems]
 
 
 # --------------------------------------------------------------------------- the Pulumi reader

@@ -1,0 +1,272 @@
+"""Does the job fit in GPU memory? An estimate per GPU, checked at preview before any node exists.
+
+The estimate, per GPU, in bytes (P parameters, L layers, h hidden, i intermediate, h_kv the
+key/value width, V vocabulary, s sequence length, b per-GPU batch, S the shard group):
+
+- **States** (fp32 master weights 4 + fp32 gradients 4 + AdamW moments 8 = 16 bytes per
+  parameter), divided by the shard group: ``FULL_SHARD`` S = every GPU of the job,
+  ``HYBRID_SHARD`` S = the GPUs of one node, ``SHARD_GRAD_OP`` S = every GPU,
+  ``NO_SHARD`` S = 1.
+- **Working copies** the strategy gathers: ``FULL_SHARD`` / ``HYBRID_SHARD`` hold the bf16
+  parameters and gradients of the two largest FSDP units at once (the one computing and the one
+  prefetched), 2 x (2 + 2) bytes x the unit's parameters; ``SHARD_GRAD_OP`` keeps every bf16
+  parameter gathered from forward to backward (2P) plus one unit's gradients; ``NO_SHARD``
+  holds a bf16 copy of every parameter (2P) plus one unit's gradients.
+- **Activations** in bf16, from the Llama block (Korthikanti et al. 2022, "Reducing Activation
+  Recomputation", adapted to SwiGLU and grouped-query attention; flash/SDPA attention stores no
+  s x s scores): one layer stores ``2 x (6h + 2h_kv + 4i)`` bytes per token. ``none`` keeps every
+  layer's; ``full`` keeps each layer's input (2h bytes per token) plus, during backward, one
+  layer recomputed and its gradients (2 x one layer); ``selective`` (every second layer, as the
+  training package does) keeps half the layers whole and the other half as inputs.
+- **Logits**: fp32 logits and their gradient, ``8 x b x s x V``.
+- **Overhead**: 4 GiB for the CUDA context, NCCL's buffers and allocator fragmentation.
+
+The job is refused above 90 % of the GPU's memory. The estimate is deliberately simple and
+errs high; it is a guard against runs that cannot work, not a tuning tool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # settings imports this module for its rule: no import cycle at run time
+    from components.hardware import HardwareProfile
+    from components.settings import JobSettings, Problem, Settings
+
+GIB = 1024**3
+STATE_BYTES_PER_PARAM = 16
+OVERHEAD_GIB = 4.0
+BUDGET_FRACTION = 0.9
+MAX_SUGGESTED_NODES = 64
+TINY_MODEL = "tiny"
+"""The training package's offline 2-layer model: nothing to check."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelShape:
+    """What the estimate needs to know about a decoder-only (Llama-style) model."""
+
+    parameters: float
+    """Parameter count (published)."""
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    vocab: int
+
+    @property
+    def kv_width(self) -> int:
+        """Width of the key (and of the value) projection: kv heads x head dim."""
+        return self.kv_heads * self.hidden // self.heads
+
+    @property
+    def layer_parameters(self) -> int:
+        """Parameters of one decoder layer: q, o (h x h), k, v (h x h_kv), gate/up/down (h x i)."""
+        return 2 * self.hidden**2 + 2 * self.hidden * self.kv_width + 3 * self.hidden * self.intermediate
+
+    @property
+    def largest_unit(self) -> int:
+        """Parameters of the largest FSDP unit: a layer, or the root (embedding + output head)."""
+        return max(self.layer_parameters, 2 * self.vocab * self.hidden)
+
+
+def _llama2(parameters: float, layers: int, hidden: int, intermediate: int, heads: int, kv_heads: int) -> ModelShape:
+    return ModelShape(parameters=parameters, layers=layers, hidden=hidden, intermediate=intermediate,
+                      heads=heads, kv_heads=kv_heads, vocab=32000)
+
+
+def _llama3(parameters: float, layers: int, hidden: int, intermediate: int, heads: int) -> ModelShape:
+    return ModelShape(parameters=parameters, layers=layers, hidden=hidden, intermediate=intermediate,
+                      heads=heads, kv_heads=8, vocab=128256)
+
+
+_LLAMA2 = {
+    "7b": _llama2(6.74e9, 32, 4096, 11008, 32, 32),
+    "13b": _llama2(13.0e9, 40, 5120, 13824, 40, 40),
+    "70b": _llama2(69.0e9, 80, 8192, 28672, 64, 8),
+}
+_LLAMA3 = {"8b": _llama3(8.03e9, 32, 4096, 14336, 32), "70b": _llama3(70.6e9, 80, 8192, 28672, 64)}
+
+KNOWN_MODELS: dict[str, ModelShape] = {
+    **{f"meta-llama/llama-2-{size}-hf": shape for size, shape in _LLAMA2.items()},
+    **{f"meta-llama/llama-2-{size}-chat-hf": shape for size, shape in _LLAMA2.items()},
+    **{f"meta-llama/{prefix}-{size}{suffix}": shape
+       for size, shape in _LLAMA3.items()
+       for prefix in ("meta-llama-3", "meta-llama-3.1", "llama-3.1")
+       for suffix in ("", "-instruct")},
+}
+"""Shapes from each model's config.json on the Hugging Face hub, keyed by lower-cased model id."""
+
+
+def approximate_shape(parameters: float) -> ModelShape:
+    """A Llama-proportioned shape for a model the table does not know.
+
+    Llama blocks hold about 12 h^2 parameters (attention 4 h^2, SwiGLU MLP 8 h^2) and Llama
+    models keep h / L close to 128, so ``P = 12 h^3 / 128``. The vocabulary is taken as Llama 3's
+    128256, the larger of the common ones, so the logits term errs high.
+    """
+    hidden = max(128, round((parameters * 128 / 12) ** (1 / 3) / 128) * 128)
+    layers = max(1, round(parameters / (12 * hidden**2)))
+    return ModelShape(parameters=parameters, layers=layers, hidden=hidden, intermediate=8 * hidden // 3,
+                      heads=hidden // 128, kv_heads=hidden // 128, vocab=128256)
+
+
+def model_shape(model: str, parameters_billion: float | None) -> ModelShape | None:
+    """The shape of ``model``; a given parameter count overrides the table's. None if unknown."""
+    known = KNOWN_MODELS.get(model.lower())
+    if parameters_billion is None:
+        return known
+    if known is not None:
+        return replace(known, parameters=parameters_billion * 1e9)
+    return approximate_shape(parameters_billion * 1e9)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryEstimate:
+    """Per-GPU memory of one configuration, in GiB, term by term."""
+
+    states: float
+    working: float
+    activations: float
+    logits: float
+    overhead: float
+    shard_group: int
+
+    @property
+    def total(self) -> float:
+        return self.states + self.working + self.activations + self.logits + self.overhead
+
+    def breakdown(self, shape: ModelShape, activation_checkpointing: str) -> str:
+        return (
+            f"parameters + gradients + AdamW states {self.states:.1f} GiB "
+            f"({STATE_BYTES_PER_PARAM} B x {shape.parameters / 1e9:.2f}B parameters / {self.shard_group} GPUs), "
+            f"bf16 gathered working copies {self.working:.1f} GiB, "
+            f"activations {self.activations:.1f} GiB (checkpointing {activation_checkpointing}), "
+            f"logits {self.logits:.1f} GiB, CUDA/NCCL overhead {self.overhead:.1f} GiB"
+        )
+
+
+def estimate(
+    shape: ModelShape,
+    *,
+    sharding: str,
+    nodes: int,
+    gpus_per_node: int,
+    batch_size: int,
+    seq_len: int,
+    activation_checkpointing: str,
+) -> MemoryEstimate:
+    """Per-GPU memory of a configuration (the formula of the module docstring)."""
+    p = shape.parameters
+    world = nodes * gpus_per_node
+    group = {"FULL_SHARD": world, "SHARD_GRAD_OP": world, "HYBRID_SHARD": gpus_per_node, "NO_SHARD": 1}[sharding]
+    states = STATE_BYTES_PER_PARAM * p / group
+    if sharding in ("FULL_SHARD", "HYBRID_SHARD"):
+        working = 2 * (2 + 2) * shape.largest_unit
+    else:  # SHARD_GRAD_OP, NO_SHARD: every parameter gathered in bf16, one unit's gradients
+        working = 2 * p + 2 * shape.largest_unit
+    tokens = batch_size * seq_len
+    per_layer = 2 * (6 * shape.hidden + 2 * shape.kv_width + 4 * shape.intermediate) * tokens
+    layer_input = 2 * shape.hidden * tokens
+    if activation_checkpointing == "none":
+        activations = shape.layers * per_layer
+    elif activation_checkpointing == "full":
+        activations = shape.layers * layer_input + 2 * per_layer
+    else:  # selective: every second layer checkpointed
+        whole = shape.layers // 2
+        activations = whole * per_layer + (shape.layers - whole) * layer_input + 2 * per_layer
+    logits = 8 * tokens * shape.vocab
+    return MemoryEstimate(
+        states=states / GIB,
+        working=working / GIB,
+        activations=activations / GIB,
+        logits=logits / GIB,
+        overhead=OVERHEAD_GIB,
+        shard_group=group,
+    )
+
+
+def budget_gib(profile: HardwareProfile) -> float:
+    """What a job may use per GPU: 90 % of its memory (the rest: fragmentation, spikes)."""
+    return BUDGET_FRACTION * profile.gpu_memory_gib
+
+
+def _min_nodes(job: JobSettings) -> int:
+    """Elastic jobs may run at their lower bound: the fewest GPUs, the largest shards."""
+    from components.settings import job_node_bounds
+
+    return job_node_bounds(job)[0]
+
+
+def _job_estimate(shape: ModelShape, job: JobSettings, profile: HardwareProfile, **changes) -> MemoryEstimate:
+    params = {
+        "sharding": job.sharding,
+        "nodes": _min_nodes(job),
+        "gpus_per_node": job.gpus_per_node or profile.gpus,
+        "batch_size": job.batch_size,
+        "seq_len": job.seq_len,
+        "activation_checkpointing": job.activation_checkpointing,
+    }
+    params.update(changes)
+    return estimate(shape, **params)
+
+
+def what_would_fit(shape: ModelShape, job: JobSettings, profile: HardwareProfile) -> list[str]:
+    """Changes of one or two keys that bring the estimate under the budget, each with its total."""
+    budget = budget_gib(profile)
+    nodes = _min_nodes(job)
+    options = []
+    for n in range(nodes + 1, MAX_SUGGESTED_NODES + 1):
+        e = _job_estimate(shape, job, profile, nodes=n, sharding="FULL_SHARD")
+        if e.total <= budget:
+            also = "" if job.sharding == "FULL_SHARD" else " with job.sharding FULL_SHARD"
+            options.append(f"job.nodes {n}{also} (and gpuNodes.desiredSize/maxSize >= {n}): {e.total:.1f} GiB")
+            break
+    for key, change in (
+        ("job.sharding FULL_SHARD", {"sharding": "FULL_SHARD"}),
+        ("job.activationCheckpointing full", {"activation_checkpointing": "full"}),
+        ("job.sharding FULL_SHARD and job.activationCheckpointing full",
+         {"sharding": "FULL_SHARD", "activation_checkpointing": "full"}),
+        ("job.batchSize 1", {"batch_size": 1}),
+    ):
+        if any(getattr(job, k) == v for k, v in change.items()):
+            continue  # already so, or the same as a single change above
+        e = _job_estimate(shape, job, profile, **change)
+        if e.total <= budget:
+            options.append(f"{key}: {e.total:.1f} GiB")
+    return options
+
+
+def fit_problems(s: Settings) -> list[Problem]:
+    """The settings rule: refuse a job whose per-GPU estimate exceeds the budget."""
+    from components.settings import Problem
+
+    j, p = s.job, s.profile
+    if j.model == TINY_MODEL:
+        return []
+    if j.model_parameters is not None and j.model_parameters <= 0:
+        return [Problem("job.modelParameters", j.model_parameters, "give the parameter count in billions, e.g. 8.0")]
+    shape = model_shape(j.model, j.model_parameters)
+    if shape is None:
+        return [Problem("job.modelParameters", None,
+                        f"{j.model} is not in the GPU-memory fit check's table (components/memory_fit.py): "
+                        "give its parameter count in billions, e.g. modelParameters: 8.0")]
+    if min(j.nodes, j.batch_size, j.seq_len, _min_nodes(j)) < 1:
+        return []  # the job rules report these; nothing sensible to estimate
+    e = _job_estimate(shape, j, p)
+    budget = budget_gib(p)
+    if e.total <= budget:
+        return []
+    gpus = j.gpus_per_node or p.gpus
+    nodes = _min_nodes(j)
+    value = (f"{j.model} on {nodes} x {p.instance_type} ({nodes * gpus} GPUs), {j.sharding}, "
+             f"batchSize {j.batch_size}, seqLen {j.seq_len}, activationCheckpointing {j.activation_checkpointing}")
+    options = what_would_fit(shape, j, p)
+    would = ("would fit: " + "; ".join(options)) if options else (
+        f"nothing up to {MAX_SUGGESTED_NODES} nodes fits: use a smaller model or a GPU with more memory")
+    return [Problem("job", value,
+                    f"does not fit in GPU memory: estimated {e.total:.1f} GiB per GPU > {budget:.1f} GiB "
+                    f"({BUDGET_FRACTION:.0%} of {p.gpu_memory_gib} GiB, {p.gpu_model}): "
+                    f"{e.breakdown(shape, j.activation_checkpointing)}. It {would}")]

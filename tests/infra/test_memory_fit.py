@@ -1,0 +1,150 @@
+"""The GPU-memory fit check: a job that cannot fit is refused at preview, saying what would.
+
+Checked against: the issue's cases (Llama 2 7B on 2 x p5 FULL_SHARD fits; 70B on one p4de is
+refused; 70B on 4 x p5 FULL_SHARD is accepted), the published parameter counts of the Llama
+models (6.74B / 13.0B / 69.0B), and the 16 bytes per parameter of fp32 weights, gradients and
+AdamW states.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+
+from components import memory_fit
+from components.hardware import PROFILES
+from components.memory_fit import KNOWN_MODELS, estimate, model_shape
+from components.settings import Secrets, SettingsError, parse_settings
+from tests.harness import stack_config
+
+SECRETS = Secrets(hf_token="hf_x", grafana_admin_password="pw")
+
+
+def raw(stack: str, nodes: int | None = None, **job) -> dict:
+    """A stack file's fsdp-eks keys with the job (and, for nodes, the node group) changed."""
+    config = {k.split(":", 1)[1]: copy.deepcopy(v) for k, v in stack_config(stack).items()
+              if k.startswith("fsdp-eks:") and k not in ("fsdp-eks:hfToken", "fsdp-eks:grafanaAdminPassword")}
+    if nodes is not None:
+        config["job"]["nodes"] = nodes
+        config["gpuNodes"].update(desiredSize=nodes, maxSize=max(nodes, config["gpuNodes"]["maxSize"]))
+    config["job"].update(job)
+    return config
+
+
+def parse(config: dict):
+    return parse_settings(config, project="fsdp-eks", stack="test", region="us-west-2", secrets=SECRETS)
+
+
+def refusal(config: dict) -> str:
+    with pytest.raises(SettingsError) as info:
+        parse(config)
+    return str(info.value)
+
+
+def test_llama2_7b_fits_on_two_p5_full_shard():
+    """Issue case: the stack's own job (7B, 2 x p5, FULL_SHARD) is accepted."""
+    settings = parse(raw("p5", nodes=2, model="meta-llama/Llama-2-7b-hf", sharding="FULL_SHARD"))
+    assert settings.job.nodes == 2
+
+
+def test_llama2_70b_on_one_p4de_is_refused_with_the_estimate_and_what_would_fit():
+    """Issue case: 70B needs 16 B x 69.0e9 / 8 GPUs = 128.5 GiB of states alone on one p4de."""
+    message = refusal(raw("p4de", nodes=1, model="meta-llama/Llama-2-70b-hf"))
+    assert "fsdp-eks:job = 'meta-llama/Llama-2-70b-hf on 1 x p4de.24xlarge" in message
+    assert "does not fit in GPU memory" in message
+    assert "parameters + gradients + AdamW states 128.5 GiB" in message
+    assert "/ 8 GPUs" in message and "72.0 GiB" in message
+    match = re.search(r"job\.nodes (\d+)", message)
+    assert match, message
+    suggested = int(match.group(1))
+    # The suggestion is itself accepted.
+    assert parse(raw("p4de", nodes=suggested, model="meta-llama/Llama-2-70b-hf")).job.nodes == suggested
+
+
+def test_llama2_70b_on_four_p5_full_shard_is_accepted():
+    """Issue case: 16 B x 69.0e9 / 32 GPUs = 32.1 GiB of states, well under 72 GiB."""
+    settings = parse(raw("p5", nodes=4, model="meta-llama/Llama-2-70b-hf", sharding="FULL_SHARD"))
+    assert settings.job.nodes == 4
+
+
+def test_no_shard_70b_is_refused_and_full_shard_suggested():
+    """Checked against plain data parallel: 18 B per parameter on every GPU never fits 70B."""
+    message = refusal(raw("p5", nodes=4, model="meta-llama/Llama-2-70b-hf", sharding="NO_SHARD"))
+    assert "job.sharding FULL_SHARD:" in message
+
+
+def test_no_checkpointing_at_long_sequence_is_refused_and_checkpointing_suggested():
+    """Checked against the activation term: 13B, no checkpointing, 4 x 8k tokens per GPU."""
+    message = refusal(raw("p5", nodes=2, model="meta-llama/Llama-2-13b-hf", activationCheckpointing="none",
+                          batchSize=4, seqLen=8192))
+    assert "job.activationCheckpointing full:" in message
+    assert "checkpointing none" in message
+
+
+def test_unknown_model_without_parameters_asks_for_them():
+    """Checked against the table: an id it does not know needs job.modelParameters."""
+    message = refusal(raw("p5", model="mistralai/Mistral-7B-v0.1"))
+    assert "fsdp-eks:job.modelParameters = None" in message and "mistralai/Mistral-7B-v0.1" in message
+
+
+def test_unknown_model_with_parameters_is_estimated():
+    """Checked against the approximate shape: 7.2B on 2 x p5 fits, 180B on 1 x p5 does not."""
+    assert parse(raw("p5", model="mistralai/Mistral-7B-v0.1", modelParameters=7.2)).job.model_parameters == 7.2
+    message = refusal(raw("p5", nodes=1, model="tiiuae/falcon-180B", modelParameters=180))
+    assert "180.00B parameters" in message
+
+
+@pytest.mark.parametrize("model, billions", [
+    ("meta-llama/Llama-2-7b-hf", 6.74), ("meta-llama/Llama-2-13b-hf", 13.0), ("meta-llama/Llama-2-70b-hf", 69.0),
+])
+def test_table_shapes_add_up_to_the_published_parameter_counts(model, billions):
+    """Checked against the published counts: layers x block + embedding + head + norms."""
+    s = model_shape(model, None)
+    counted = s.layers * (s.layer_parameters + 2 * s.hidden) + 2 * s.vocab * s.hidden + s.hidden
+    assert s.parameters == pytest.approx(billions * 1e9)
+    assert counted == pytest.approx(s.parameters, rel=0.01)
+
+
+def test_every_table_row_adds_up():
+    """Checked against each row's own published count (Llama 3 rows included)."""
+    for model, s in KNOWN_MODELS.items():
+        counted = s.layers * (s.layer_parameters + 2 * s.hidden) + 2 * s.vocab * s.hidden + s.hidden
+        assert counted == pytest.approx(s.parameters, rel=0.01), model
+
+
+def test_states_are_16_bytes_per_parameter_over_the_shard_group():
+    """Checked against the arithmetic of mixed precision + AdamW, per strategy."""
+    s = model_shape("meta-llama/Llama-2-7b-hf", None)
+    common = {"nodes": 2, "gpus_per_node": 8, "batch_size": 1, "seq_len": 4096, "activation_checkpointing": "full"}
+    gib = 16 * s.parameters / 1024**3
+    assert estimate(s, sharding="FULL_SHARD", **common).states == pytest.approx(gib / 16)
+    assert estimate(s, sharding="HYBRID_SHARD", **common).states == pytest.approx(gib / 8)
+    assert estimate(s, sharding="NO_SHARD", **common).states == pytest.approx(gib)
+    assert estimate(s, sharding="SHARD_GRAD_OP", **common).working > estimate(s, sharding="FULL_SHARD", **common).working
+
+
+def test_more_checkpointing_means_less_memory():
+    """Checked against the ordering the strategies must have: none > selective > full."""
+    s = model_shape("meta-llama/Llama-2-7b-hf", None)
+    common = {"sharding": "FULL_SHARD", "nodes": 2, "gpus_per_node": 8, "batch_size": 2, "seq_len": 4096}
+    act = {m: estimate(s, activation_checkpointing=m, **common).activations for m in ("none", "selective", "full")}
+    assert act["none"] > act["selective"] > act["full"]
+
+
+def test_elastic_jobs_are_checked_at_their_lower_bound():
+    """Checked against elastic semantics: a run may start with minNodes, the largest shards."""
+    message = refusal(raw("p5", nodes=4, model="meta-llama/Llama-2-70b-hf", minNodes=1))
+    assert "on 1 x p5.48xlarge" in message
+
+
+def test_tiny_is_not_checked():
+    """The training package's offline 2-layer model needs no table row."""
+    assert memory_fit.model_shape("tiny", None) is None
+    assert parse(raw("p5", model="tiny")).job.model == "tiny"
+
+
+def test_the_budget_is_90_percent_of_the_gpu():
+    """Checked against the profiles: 80 GiB GPUs give 72 GiB."""
+    assert memory_fit.budget_gib(PROFILES["p5"]) == pytest.approx(72.0)

@@ -43,6 +43,8 @@ class Registration:
     name: str
     inputs: dict[str, Any]
     provider: str | None
+    dependencies: list[str] = field(default_factory=list)
+    """Names of the resources it waits for (``depends_on`` and the resources its inputs come from)."""
 
 
 @dataclass
@@ -126,6 +128,15 @@ class NoResourceRefsMonitor(pulumi_mocks.MockMonitor):
         has_support = request.id not in ("outputValues", "resourceReferences")
         return type("SupportsFeatureResponse", (object,), {"hasSupport": has_support})
 
+    def __init__(self, mocks: pulumi.runtime.Mocks):
+        super().__init__(mocks)
+        self.dependencies: dict[tuple[str, str], list[str]] = {}
+
+    def RegisterResource(self, request):
+        # The engine's view of ordering: what this resource waits for, as resource names.
+        self.dependencies[(request.type, request.name)] = [urn.split("::")[-1] for urn in request.dependencies]
+        return super().RegisterResource(request)
+
 
 def run_program(config: dict[str, Any], stack: str = "test") -> Recording:
     """Run ``build_stack(load_settings())`` with ``config`` (keys with namespace, values parsed)."""
@@ -137,7 +148,8 @@ def run_program(config: dict[str, Any], stack: str = "test") -> Recording:
     runtime_config.set_all_config(flat, secret_keys)
     region = config.get("aws:region", "us-west-2")
     mocks = AwsLikeMocks(region)
-    pulumi.runtime.set_mocks(mocks, project="fsdp-eks", stack=stack, preview=False, monitor=NoResourceRefsMonitor(mocks))
+    monitor = NoResourceRefsMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project="fsdp-eks", stack=stack, preview=False, monitor=monitor)
     recording = Recording(mocks.registrations)
 
     async def collect(outputs: dict[str, Any]) -> None:
@@ -153,6 +165,8 @@ def run_program(config: dict[str, Any], stack: str = "test") -> Recording:
         return pulumi.Output.from_input(asyncio.ensure_future(collect(outputs)))
 
     program()
+    for registration in recording.resources:
+        registration.dependencies = monitor.dependencies.get((registration.type, registration.name), [])
     return recording
 
 

@@ -501,6 +501,29 @@ def _secret_rules(s: Settings) -> list[Problem]:
     return problems
 
 
+PROMETHEUS_DURATION = re.compile(r"(\d+(ms|s|m|h|d|w|y))+")
+"""A Prometheus duration such as ``15d`` or ``1w3d``."""
+
+
+def _observability_rules(s: Settings) -> list[Problem]:
+    o = s.observability
+    if not o.enabled:
+        return []
+    problems = []
+    if not PROMETHEUS_DURATION.fullmatch(o.prometheus_retention) or not re.search(r"[1-9]", o.prometheus_retention):
+        problems.append(Problem("observability.prometheusRetention", o.prometheus_retention,
+                                "give a Prometheus duration such as 15d, 12h or 1w"))
+    if o.prometheus_storage_gib < 10:
+        problems.append(Problem("observability.prometheusStorageGiB", o.prometheus_storage_gib,
+                                "use at least 10 (EBS gp3, GiB)"))
+    if o.cloudwatch_container_insights and not s.creates_cluster:
+        problems.append(Problem("observability.cloudwatchContainerInsights", True,
+                                "only for a cluster this stack creates: on an existing cluster install the "
+                                "amazon-cloudwatch-observability add-on yourself, with "
+                                "accelerated_compute_metrics false (one DCGM exporter per GPU node)"))
+    return problems
+
+
 def _size_rules(key: str, lo: int, desired: int, hi: int) -> list[Problem]:
     if 0 <= lo <= desired <= hi and hi >= 1:
         return []
@@ -522,7 +545,7 @@ def job_node_bounds(job: JobSettings) -> tuple[int, int]:
 
 
 RULES: list[Rule] = [_network_rules, _cluster_rules, _gpu_node_rules, _job_rules, _secret_rules,
-                     memory_fit.fit_problems]
+                     memory_fit.fit_problems, _observability_rules]
 
 
 # --------------------------------------------------------------------------- the Pulumi reader

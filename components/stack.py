@@ -8,6 +8,7 @@ from components.cluster import EksCluster, EksClusterArgs, ExistingCluster, Exis
 from components.device_plugins import DevicePlugins, DevicePluginsArgs
 from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
 from components.network import Network, NetworkArgs
+from components.observability import EksAddonTarget, Observability, ObservabilityArgs
 from components.settings import Settings, load_settings
 
 
@@ -64,6 +65,26 @@ def build_stack(settings: Settings) -> dict[str, object]:
             "cluster", ExistingClusterArgs(name=settings.cluster.existing_cluster_name, region=settings.region)
         )
     DevicePlugins("device-plugins", DevicePluginsArgs(provider=cluster.provider))
+    # Before the training job: its PodMonitor needs the monitoring CRDs (depends_on=[observability]).
+    observability = None
+    if settings.observability.enabled:
+        observability = Observability(
+            "observability",
+            ObservabilityArgs(
+                name=settings.name,
+                settings=settings.observability,
+                provider=cluster.provider,
+                grafana_admin_password=settings.secrets.grafana_admin_password,
+                eks=(
+                    EksAddonTarget(cluster_name=cluster.cluster_name,
+                                   kubernetes_version=settings.cluster.kubernetes_version)
+                    if settings.creates_cluster
+                    else None
+                ),
+                ready=[cluster.pod_identity_agent, cluster.system_nodes] if settings.creates_cluster else [],
+            ),
+        )
+        outputs["grafana_command"] = observability.grafana_port_forward_command
     outputs["cluster_name"] = cluster.cluster_name
     outputs["kubeconfig"] = cluster.kubeconfig
     outputs["gpu_nodes_command"] = gpu_nodes_command(settings.profile.instance_type)

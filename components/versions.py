@@ -45,6 +45,21 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
 SUPPORTED_KUBERNETES_VERSIONS: tuple[str, ...] = tuple(EKS_ADDONS)
 DEFAULT_KUBERNETES_VERSION = "1.33"
 
+# Observability (components/observability.py).
+KUBE_PROMETHEUS_STACK = HelmChart(
+    chart="kube-prometheus-stack",
+    version="91.2.1",
+    repo="https://prometheus-community.github.io/helm-charts",
+)
+DCGM_EXPORTER = HelmChart(
+    chart="dcgm-exporter",
+    version="4.8.3",
+    repo="https://nvidia.github.io/dcgm-exporter/helm-charts",
+)
+DEBUG_TOOLS_IMAGE = "nvidia/cuda:12.8.1-base-ubuntu22.04"
+"""htop/nvtop DaemonSet: CUDA's base image (Ubuntu 22.04 with universe, where nvtop lives); the
+tools are apt-installed when the pod starts. No maintained public image ships nvtop."""
+
 NVIDIA_DEVICE_PLUGIN = HelmChart(
     chart="nvidia-device-plugin",
     version="0.18.2",

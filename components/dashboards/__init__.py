@@ -1,0 +1,1 @@
+"""Grafana dashboards as small pure functions returning the dashboard JSON model."""

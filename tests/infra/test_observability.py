@@ -1,0 +1,360 @@
+"""The monitoring stack under mocks, both stacks and the options: what Kubernetes and AWS receive.
+
+Checked against the charts' documented values (kube-prometheus-stack 91.x, dcgm-exporter 4.8.3),
+DESIGN.md's observability facts (ServiceMonitor pick-up, dashboard label, one DCGM exporter per
+GPU node), the CloudWatch agent operator's GPU opt-out, and Kubernetes' own schemas
+(kubernetes-validate, strict) for the core objects.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import kubernetes_validate
+import pytest
+
+from components import versions
+from components.cluster import SYSTEM_NODE_LABEL
+from components.dashboards import gpu_training
+from components.gpu_nodes import GPU_TAINT
+from components.observability import (
+    DCGM_COUNTERS_PATH,
+    MONITORING_NAMESPACE,
+    dcgm_exported_metrics,
+    dcgm_metrics_csv,
+    load_rule_groups,
+)
+from components.settings import SettingsError
+from tests.harness import DUMMY_SECRETS, Recording, Registration, run_program, stack_config
+
+HELM = "kubernetes:helm.sh/v3:Release"
+ADDON = "aws:eks/addon:Addon"
+POD_IDENTITY = "aws:eks/podIdentityAssociation:PodIdentityAssociation"
+SECRET_SIG = "4dabf18193072939515e22adb298388d"
+"""Key with which Pulumi marks a secret value in serialized inputs."""
+PASSWORD = DUMMY_SECRETS["fsdp-eks:grafanaAdminPassword"]
+KUBERNETES_VERSION = "1.33"
+
+CHART_DEFAULT_METRICS = {
+    "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL",
+    "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES",
+}
+"""dcgm-exporter chart 4.8.3's default list (templates/metrics-configmap.yaml)."""
+HEALTH_METRICS = {
+    "DCGM_FI_DEV_XID_ERRORS": "gauge",  # the code of the last Xid
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "counter",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "gauge",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "counter",
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": "counter",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "counter",
+    "DCGM_FI_DEV_THERMAL_VIOLATION": "counter",
+    "DCGM_FI_DEV_POWER_VIOLATION": "counter",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "gauge",
+    "DCGM_FI_DEV_FB_USED": "gauge",
+    "DCGM_FI_DEV_MEM_COPY_UTIL": "gauge",
+    "DCGM_FI_DEV_GPU_UTIL": "gauge",
+    "DCGM_FI_DEV_SM_CLOCK": "gauge",
+    "DCGM_FI_DEV_GPU_TEMP": "gauge",
+    "DCGM_FI_DEV_POWER_USAGE": "gauge",
+}
+"""What the health alerts and the dashboard need, with the Prometheus type DCGM gives each."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def with_observability(stack: str, **changes) -> dict:
+    config = copy.deepcopy(stack_config(stack))
+    config["fsdp-eks:observability"] = {**config["fsdp-eks:observability"], **changes}
+    return config
+
+
+_RUNS: dict[str, Recording] = {}
+
+
+def options_on() -> Recording:
+    """p5 with the CloudWatch add-on and the debug tools on (run once)."""
+    if "options" not in _RUNS:
+        _RUNS["options"] = run_program(with_observability("p5", cloudwatchContainerInsights=True, debugTools=True))
+    return _RUNS["options"]
+
+
+def existing_cluster() -> Recording:
+    """p5's in-cluster layers onto a cluster created elsewhere (run once)."""
+    if "existing" not in _RUNS:
+        config = copy.deepcopy(stack_config("p5"))
+        config["fsdp-eks:cluster"] = {**config["fsdp-eks:cluster"], "existingClusterName": "shared-gpu"}
+        _RUNS["existing"] = run_program(config)
+    return _RUNS["existing"]
+
+
+def release(recording: Recording, chart: versions.HelmChart) -> Registration:
+    found = [r for r in recording.of_type(HELM) if r.inputs["chart"] == chart.chart]
+    assert len(found) == 1, f"expected one {chart.chart} release, found {len(found)}"
+    return found[0]
+
+
+def unwrap(value):
+    """A secret input's plain value (Pulumi wraps secrets in serialized inputs)."""
+    return value["value"] if isinstance(value, dict) and SECRET_SIG in value else value
+
+
+def addons(recording: Recording, name: str) -> list[Registration]:
+    return [r for r in recording.of_type(ADDON) if r.inputs["addonName"] == name]
+
+
+def trusted_by_pod_identity(role: Registration) -> bool:
+    policy = json.loads(role.inputs["assumeRolePolicy"])
+    return any(
+        s["Effect"] == "Allow"
+        and s["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+        and set(s["Action"]) == {"sts:AssumeRole", "sts:TagSession"}
+        for s in policy["Statement"]
+    )
+
+
+def pod_identity(recording: Recording, namespace: str, account: str) -> tuple[Registration, Registration, str]:
+    """The association of a service account, its role and the managed policy attached to it."""
+    [assoc] = [r for r in recording.of_type(POD_IDENTITY)
+               if (r.inputs["namespace"], r.inputs["serviceAccount"]) == (namespace, account)]
+    [role] = [r for r in recording.of_type("aws:iam/role:Role") if assoc.inputs["roleArn"].endswith(f":{r.name}")]
+    [attachment] = [r for r in recording.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+                    if r.inputs["role"] == role.name]
+    return assoc, role, attachment.inputs["policyArn"]
+
+
+def tolerates(tolerations: list[dict], taint: dict) -> bool:
+    return any(
+        t.get("key") == taint["key"] and t.get("operator") == "Exists" and t.get("effect") in (None, taint["effect"])
+        for t in tolerations
+    )
+
+
+def requires_gpu_node(affinity: dict) -> bool:
+    terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    return terms == [{"matchExpressions": [{"key": "nvidia.com/gpu", "operator": "In", "values": ["true"]}]}]
+
+
+def manifest(registration: Registration) -> dict:
+    """The Kubernetes object a registration describes, secrets unwrapped."""
+    return {k: unwrap(v) for k, v in registration.inputs.items()}
+
+
+# --------------------------------------------------------------------------- both stacks
+
+
+def test_charts_are_pinned(recording: Recording):
+    for chart in (versions.KUBE_PROMETHEUS_STACK, versions.DCGM_EXPORTER):
+        r = release(recording, chart)
+        assert (r.inputs["version"], r.inputs["repositoryOpts"]["repo"]) == (chart.version, chart.repo)
+        assert r.inputs["namespace"] == MONITORING_NAMESPACE
+        assert r.provider and "cluster-k8s" in r.provider, "in-cluster objects use the cluster's provider"
+
+
+def test_prometheus_picks_up_every_monitor_and_rule(recording: Recording):
+    """The training job's PodMonitor (another namespace, no release label) is scraped too."""
+    spec = release(recording, versions.KUBE_PROMETHEUS_STACK).inputs["values"]["prometheus"]["prometheusSpec"]
+    for kind in ("serviceMonitor", "podMonitor", "rule"):
+        assert spec[f"{kind}SelectorNilUsesHelmValues"] is False, kind
+
+
+def test_our_monitors_and_rules_carry_the_release_label(recording: Recording):
+    kps = release(recording, versions.KUBE_PROMETHEUS_STACK)
+    monitor = release(recording, versions.DCGM_EXPORTER).inputs["values"]["serviceMonitor"]
+    rule = recording.one("kubernetes:monitoring.coreos.com/v1:PrometheusRule")
+    assert monitor["enabled"] is True
+    assert monitor["additionalLabels"]["release"] == rule.inputs["metadata"]["labels"]["release"] == kps.name
+    assert kps.name in rule.dependencies and kps.name in release(recording, versions.DCGM_EXPORTER).dependencies, (
+        "the monitoring CRDs come with kube-prometheus-stack"
+    )
+
+
+def test_dcgm_exporter_only_on_gpu_nodes(recording: Recording):
+    values = release(recording, versions.DCGM_EXPORTER).inputs["values"]
+    assert tolerates(values["tolerations"], GPU_TAINT)
+    assert requires_gpu_node(values["affinity"])
+
+
+def test_dcgm_exporter_exports_the_health_metrics(recording: Recording):
+    values = release(recording, versions.DCGM_EXPORTER).inputs["values"]
+    assert values["customMetrics"] == dcgm_metrics_csv(), "the repository's CSV, verbatim"
+    assert values["arguments"] == ["-f", DCGM_COUNTERS_PATH]
+    exported = dcgm_exported_metrics()
+    assert CHART_DEFAULT_METRICS <= set(exported), "customMetrics replaces the default list: keep it"
+    for name, kind in HEALTH_METRICS.items():
+        assert exported.get(name) == kind, f"{name} must be exported as a {kind}"
+
+
+def test_monitoring_runs_on_system_nodes_node_exporter_everywhere(recording: Recording):
+    values = release(recording, versions.KUBE_PROMETHEUS_STACK).inputs["values"]
+    for path in (("prometheus", "prometheusSpec"), ("alertmanager", "alertmanagerSpec"), ("grafana",),
+                 ("prometheusOperator",), ("kube-state-metrics",)):
+        node = values
+        for key in path:
+            node = node[key]
+        assert node["nodeSelector"] == SYSTEM_NODE_LABEL, ".".join(path)
+    assert tolerates(values["prometheus-node-exporter"]["tolerations"], GPU_TAINT)
+
+
+def test_grafana_password_only_through_a_secret(recording: Recording):
+    grafana = release(recording, versions.KUBE_PROMETHEUS_STACK).inputs["values"]["grafana"]
+    [secret] = [r for r in recording.of_type("kubernetes:core/v1:Secret")
+                if r.inputs["metadata"]["name"] == grafana["admin"]["existingSecret"]]
+    assert secret.inputs["metadata"]["namespace"] == MONITORING_NAMESPACE
+    data = secret.inputs["stringData"]
+    assert SECRET_SIG in data, "the Secret's data is a Pulumi secret"
+    assert data["value"][grafana["admin"]["passwordKey"]] == PASSWORD
+    assert data["value"][grafana["admin"]["userKey"]]
+    assert "adminPassword" not in json.dumps(grafana)
+    for r in recording.of_type(HELM):
+        assert PASSWORD not in json.dumps(r.inputs), f"{r.name}: password in plain Helm values"
+    for key, value in recording.exports.items():
+        assert PASSWORD not in json.dumps(value, default=str), f"export {key} shows the password"
+
+
+def test_grafana_only_inside_the_cluster(recording: Recording):
+    grafana = release(recording, versions.KUBE_PROMETHEUS_STACK).inputs["values"]["grafana"]
+    assert grafana["service"]["type"] == "ClusterIP"
+    command = recording.exports["grafana_command"]
+    assert command == f"kubectl -n {MONITORING_NAMESPACE} port-forward svc/{grafana['fullnameOverride']} 3000:80"
+
+
+def test_dashboard_configmap_is_loaded_by_grafana(recording: Recording):
+    sidecar = release(recording, versions.KUBE_PROMETHEUS_STACK).inputs["values"]["grafana"]["sidecar"]["dashboards"]
+    [dashboard] = [r for r in recording.of_type("kubernetes:core/v1:ConfigMap")
+                   if r.inputs["metadata"].get("labels", {}).get("grafana_dashboard") is not None]
+    labels = dashboard.inputs["metadata"]["labels"]
+    assert labels == {"grafana_dashboard": "1"}
+    assert sidecar["enabled"] is True and labels[sidecar["label"]] == sidecar["labelValue"]
+    [content] = dashboard.inputs["data"].values()
+    assert json.loads(content) == gpu_training.dashboard()
+
+
+def test_alert_rules_are_the_tested_file(recording: Recording):
+    rule = recording.one("kubernetes:monitoring.coreos.com/v1:PrometheusRule")
+    assert rule.inputs["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule.inputs["spec"] == load_rule_groups()
+
+
+def test_prometheus_storage_and_retention(recording: Recording, stack: str):
+    wanted = stack_config(stack)["fsdp-eks:observability"]
+    spec = release(recording, versions.KUBE_PROMETHEUS_STACK).inputs["values"]["prometheus"]["prometheusSpec"]
+    claim = spec["storageSpec"]["volumeClaimTemplate"]["spec"]
+    [storage_class] = [r for r in recording.of_type("kubernetes:storage.k8s.io/v1:StorageClass")
+                       if r.inputs["metadata"]["name"] == claim["storageClassName"]]
+    assert storage_class.inputs["provisioner"] == "ebs.csi.aws.com"
+    assert storage_class.inputs["parameters"]["type"] == "gp3"
+    assert storage_class.inputs["reclaimPolicy"] == "Delete", "the EBS volume goes with its claim"
+    assert claim["resources"]["requests"]["storage"] == f"{wanted['prometheusStorageGiB']}Gi"
+    assert spec["retention"] == wanted["prometheusRetention"]
+    assert int(spec["retentionSize"].removesuffix("GB")) < wanted["prometheusStorageGiB"], "stop before the disk is full"
+    assert spec["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Delete", (
+        "the StatefulSet's claim (not Helm's) is deleted with it"
+    )
+
+
+def test_ebs_csi_driver_addon_with_pod_identity(recording: Recording):
+    [addon] = addons(recording, "aws-ebs-csi-driver")
+    assert addon.inputs["addonVersion"] == versions.EKS_ADDONS[KUBERNETES_VERSION]["aws-ebs-csi-driver"]
+    assoc, role, policy = pod_identity(recording, "kube-system", "ebs-csi-controller-sa")
+    assert trusted_by_pod_identity(role)
+    assert policy == "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"
+    assert assoc.name in addon.dependencies, "credentials exist before the controller starts"
+
+
+def test_destroy_removes_the_release_before_the_storage_driver(recording: Recording):
+    """Destroy runs dependencies in reverse: the release (and its volume) before the class and driver."""
+    kps = release(recording, versions.KUBE_PROMETHEUS_STACK)
+    [addon] = addons(recording, "aws-ebs-csi-driver")
+    [storage_class] = recording.of_type("kubernetes:storage.k8s.io/v1:StorageClass")
+    assert {addon.name, storage_class.name} <= set(kps.dependencies)
+    assert addon.name in storage_class.dependencies
+
+
+def test_options_are_off_by_default(recording: Recording):
+    assert addons(recording, "amazon-cloudwatch-observability") == []
+    names = [r.inputs["metadata"]["name"] for r in recording.of_type("kubernetes:apps/v1:DaemonSet")]
+    assert "gpu-debug-tools" not in names
+
+
+def test_core_objects_are_valid_kubernetes(recording: Recording):
+    kinds = ("Namespace", "Secret", "ConfigMap", "StorageClass", "DaemonSet")
+    ours = [r for r in recording.resources if r.name.startswith("observability-") and r.inputs.get("kind") in kinds]
+    assert {r.inputs["kind"] for r in ours} >= {"Namespace", "Secret", "ConfigMap", "StorageClass"}
+    for r in ours:
+        kubernetes_validate.validate(manifest(r), KUBERNETES_VERSION, strict=True)
+
+
+# --------------------------------------------------------------------------- options and variants
+
+
+def test_cloudwatch_addon_never_adds_a_second_dcgm_exporter():
+    recording = options_on()
+    [addon] = addons(recording, "amazon-cloudwatch-observability")
+    assert addon.inputs["addonVersion"] == versions.EKS_ADDONS[KUBERNETES_VERSION]["amazon-cloudwatch-observability"]
+    k8s = json.loads(addon.inputs["configurationValues"])["agent"]["config"]["logs"]["metrics_collected"]["kubernetes"]
+    assert k8s["accelerated_compute_metrics"] is False, "the add-on's own DCGM exporter stays off"
+    assert k8s["enhanced_container_insights"] is True
+    release(recording, versions.DCGM_EXPORTER)  # still exactly one of ours
+    _, role, policy = pod_identity(recording, "amazon-cloudwatch", "cloudwatch-agent")
+    assert trusted_by_pod_identity(role)
+    assert policy == "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy"
+
+
+def test_debug_tools_daemonset():
+    recording = options_on()
+    [ds] = [r for r in recording.of_type("kubernetes:apps/v1:DaemonSet")
+            if r.inputs["metadata"]["name"] == "gpu-debug-tools"]
+    pod = ds.inputs["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["image"] == versions.DEBUG_TOOLS_IMAGE and ":latest" not in container["image"]
+    assert tolerates(pod["tolerations"], GPU_TAINT) and requires_gpu_node(pod["affinity"])
+    assert pod["hostPID"] is True, "htop sees the training processes"
+    assert "nvidia.com/gpu" not in json.dumps(container.get("resources", {})), "takes no GPU from the job"
+    assert container["command"][-1].endswith("exec sleep infinity")
+    kubernetes_validate.validate(manifest(ds), KUBERNETES_VERSION, strict=True)
+
+
+def test_existing_cluster_gets_no_aws_resources_but_the_same_monitoring():
+    recording = existing_cluster()
+    assert addons(recording, "aws-ebs-csi-driver") == [], "an existing cluster brings its EBS CSI driver"
+    assert [r for r in recording.of_type(POD_IDENTITY)] == []
+    release(recording, versions.KUBE_PROMETHEUS_STACK)
+    release(recording, versions.DCGM_EXPORTER)
+    assert recording.of_type("kubernetes:storage.k8s.io/v1:StorageClass")
+    assert "grafana_command" in recording.exports
+
+
+def test_cloudwatch_on_an_existing_cluster_is_refused():
+    config = with_observability("p5", cloudwatchContainerInsights=True)
+    config["fsdp-eks:cluster"] = {**config["fsdp-eks:cluster"], "existingClusterName": "shared-gpu"}
+    with pytest.raises(SettingsError, match="observability.cloudwatchContainerInsights"):
+        run_program(config)
+
+
+def test_observability_off_creates_nothing_and_needs_no_password():
+    config = with_observability("p5", enabled=False)
+    del config["fsdp-eks:grafanaAdminPassword"]
+    recording = run_program(config)
+    assert [r for r in recording.resources if r.name.startswith("observability")] == []
+    assert "grafana_command" not in recording.exports
+
+
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [
+        ({"prometheusRetention": "15 days"}, "observability.prometheusRetention"),
+        ({"prometheusRetention": "0d"}, "observability.prometheusRetention"),
+        ({"prometheusStorageGiB": 5}, "observability.prometheusStorageGiB"),
+    ],
+)
+def test_bad_monitoring_settings_are_named(changes: dict, key: str):
+    with pytest.raises(SettingsError, match=key):
+        run_program(with_observability("p5", **changes))

@@ -45,6 +45,8 @@ class Registration:
     provider: str | None
     dependencies: list[str] = field(default_factory=list)
     """Names of the resources it waits for (``depends_on`` and the resources its inputs come from)."""
+    delete_before_replace: bool = False
+    """Its ``delete_before_replace`` option: a replacement deletes the old one first."""
 
 
 @dataclass
@@ -131,10 +133,13 @@ class NoResourceRefsMonitor(pulumi_mocks.MockMonitor):
     def __init__(self, mocks: pulumi.runtime.Mocks):
         super().__init__(mocks)
         self.dependencies: dict[tuple[str, str], list[str]] = {}
+        self.delete_before_replace: set[tuple[str, str]] = set()
 
     def RegisterResource(self, request):
         # The engine's view of ordering: what this resource waits for, as resource names.
         self.dependencies[(request.type, request.name)] = [urn.split("::")[-1] for urn in request.dependencies]
+        if request.deleteBeforeReplace:
+            self.delete_before_replace.add((request.type, request.name))
         return super().RegisterResource(request)
 
 
@@ -167,6 +172,7 @@ def run_program(config: dict[str, Any], stack: str = "test") -> Recording:
     program()
     for registration in recording.resources:
         registration.dependencies = monitor.dependencies.get((registration.type, registration.name), [])
+        registration.delete_before_replace = (registration.type, registration.name) in monitor.delete_before_replace
     return recording
 
 

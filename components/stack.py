@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import pulumi
 
-from components.cluster import EksCluster, EksClusterArgs, ExistingCluster, ExistingClusterArgs
+from components.cluster import SYSTEM_NODE_LABEL, EksCluster, EksClusterArgs, ExistingCluster, ExistingClusterArgs
 from components.device_plugins import DevicePlugins, DevicePluginsArgs
 from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
 from components.network import Network, NetworkArgs
 from components.observability import EksAddonTarget, Observability, ObservabilityArgs
+from components.registry import TrainingImage, TrainingImageArgs
 from components.settings import Settings, load_settings
+from components.training_job import TrainingJob, TrainingJobArgs
+from components.training_operator import TrainingOperator, TrainingOperatorArgs
 
 
 def gpu_nodes_command(profile_instance_type: str) -> str:
@@ -88,7 +91,39 @@ def build_stack(settings: Settings) -> dict[str, object]:
     outputs["cluster_name"] = cluster.cluster_name
     outputs["kubeconfig"] = cluster.kubeconfig
     outputs["gpu_nodes_command"] = gpu_nodes_command(settings.profile.instance_type)
+    outputs.update(_training(settings, cluster, monitoring=[observability] if observability else None))
     return outputs
+
+
+def _training(
+    settings: Settings, cluster: EksCluster | ExistingCluster, monitoring: list[pulumi.Resource] | None = None
+) -> dict[str, object]:
+    """The image, the Training Operator and the job; returns their outputs.
+
+    ``monitoring``: the stack that installs the PodMonitor CRD (None: no PodMonitor)."""
+    image = TrainingImage("training-image", TrainingImageArgs(name=settings.name))
+    operator = TrainingOperator("training-operator", TrainingOperatorArgs(provider=cluster.provider))
+    job = TrainingJob(
+        "training-job",
+        TrainingJobArgs(
+            job=settings.job,
+            profile=settings.profile,
+            image=image.ref,
+            provider=cluster.provider,
+            hf_token=settings.secrets.hf_token,
+            # Our system nodes carry the label; an existing cluster's nodes may not.
+            system_node_selector=SYSTEM_NODE_LABEL if settings.creates_cluster else {},
+            operator=[operator],
+            monitoring=monitoring,
+        ),
+    )
+    return {
+        "job_name": job.job_name,
+        "image_ref": image.ref,
+        "job_status_command": job.commands["job_status_command"],
+        "job_logs_command": job.commands["job_logs_command"],
+        "job_delete_command": job.commands["job_delete_command"],
+    }
 
 
 def main() -> None:

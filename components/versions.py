@@ -70,3 +70,34 @@ EFA_DEVICE_PLUGIN = HelmChart(
     version="v0.5.18",
     repo="https://aws.github.io/eks-charts",
 )
+
+# --------------------------------------------------------------------------- the training workload
+
+ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"
+"""etcd for torchrun's ``etcd`` / ``etcd-v2`` rendezvous. Those backends speak the etcd v2 API:
+3.5.x is the last minor that serves it (with ``--enable-v2``); 3.6 removed it."""
+
+TRAINING_OPERATOR_REF = "v1.9.4"
+"""Kubeflow Training Operator v1 (PyTorchJob ``kubeflow.org/v1``): newest release of release-1.9.
+Trainer v2 (TrainJob) has no elastic policy and no etcd rendezvous."""
+TRAINING_OPERATOR_MANIFESTS = (
+    "https://github.com/kubeflow/trainer.git//manifests/overlays/standalone"
+    f"?ref={TRAINING_OPERATOR_REF}"
+)
+"""Its standalone kustomize overlay at that tag, in kustomize's remote form (``repo//dir?ref=``):
+the ``/tree/<ref>/`` form is not a kustomize remote and fails to load (pulumi-kubernetes #3358).
+The repository was renamed from kubeflow/training-operator; the tag is the same."""
+
+TRAINING_IMAGE_BUILD_ARGS: dict[str, str] = {
+    # CUDA 13.0 userspace: needs the R580+ driver of the EKS AL2023 NVIDIA AMI.
+    "CUDA_IMAGE": "nvcr.io/nvidia/cuda:13.0.2-devel-ubuntu22.04",
+    # Bundles libfabric (EFA provider) and aws-ofi-nccl under /opt/amazon/ofi-nccl.
+    "EFA_INSTALLER_VERSION": "1.48.0",
+    "TORCH_VERSION": "2.11.0",
+    "TORCH_INDEX_URL": "https://download.pytorch.org/whl/cu130",
+    "PIP_VERSION": "25.3",
+}
+"""Build arguments of ``training/Dockerfile``; they are also its ``ARG`` defaults (a test checks
+that both agree), so ``docker build training/`` alone builds the same image."""
+TRAINING_IMAGE_PLATFORM = "linux/amd64"
+"""p4de and p5 are x86_64."""

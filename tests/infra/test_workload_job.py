@@ -1,0 +1,134 @@
+"""The PyTorchJob builder alone: a run is an object, named by what it runs.
+
+Checked against: DESIGN.md's "a finished PyTorchJob does not re-run when re-applied: a new run is
+a new object" and "without rdzvId every job's run id is the literal none", the operator
+webhook's DNS-1035 name rule, and the training package's CLI (training/config.py's parser).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from components.hardware import PROFILES
+from components.settings import JobSettings
+from components.training_job import model_slug, pytorchjob_manifest, training_command
+from training.config import build_parser, config_from_namespace
+
+IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp-eks-p5/training:0123456789abcdef@sha256:" + "a" * 64
+DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+
+
+def render(job: JobSettings = JobSettings(), *, image: str = IMAGE, profile: str = "p5", **kwargs) -> dict:
+    args = {"namespace": "training", "rdzv_host": "etcd.training.svc", "hf_secret": "hf-token", **kwargs}
+    if job.rdzv_backend == "c10d":
+        args["rdzv_host"] = None
+    return pytorchjob_manifest(job, PROFILES[profile], image=image, **args)
+
+
+def name(job: dict) -> str:
+    return job["metadata"]["name"]
+
+
+def test_the_same_spec_renders_the_same_object():
+    """The case where nothing should change: two renders are equal, so Pulumi sees no diff."""
+    assert render() == render()
+    assert name(render()) == render()["spec"]["elasticPolicy"]["rdzvId"]
+
+
+@pytest.mark.parametrize("change", [
+    {"epochs": 2}, {"batch_size": 2}, {"seq_len": 2048}, {"learning_rate": 1e-5}, {"sharding": "HYBRID_SHARD"},
+    {"activation_checkpointing": "selective"}, {"compile": True}, {"nodes": 1, "min_nodes": 1, "max_nodes": 1},
+    {"max_restarts": 5}, {"dataset": "tatsu-lab/alpaca"}, {"model": "meta-llama/Llama-2-13b-hf"},
+    {"rdzv_backend": "c10d"}, {"max_steps": 10},
+])
+def test_any_change_of_the_job_is_a_new_run(change):
+    """Checked against the default job: each changed setting gives a new name and rdzvId."""
+    before, after = render(), render(dataclasses.replace(JobSettings(), **change))
+    assert name(after) != name(before)
+    assert after["spec"]["elasticPolicy"]["rdzvId"] == name(after)
+
+
+def test_a_new_image_is_a_new_run():
+    """Checked against the same job on another digest: the training code changed."""
+    other = IMAGE.replace("a" * 64, "b" * 64)
+    assert name(render(image=other)) != name(render())
+
+
+def test_the_run_name_is_used_everywhere_the_run_is_named():
+    """Checked against the rendered object: rdzvId, pod label and NVMe subPath carry the name."""
+    job = render()
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    assert pod["metadata"]["labels"]["fsdp-eks/run"] == name(job)
+    subpaths = {m.get("subPath") for c in (*pod["spec"]["containers"], *pod["spec"]["initContainers"])
+                for m in c["volumeMounts"]}
+    assert f"runs/{name(job)}" in subpaths
+    assert "@RUN@" not in str(job)
+
+
+@pytest.mark.parametrize("model, prefix", [
+    ("meta-llama/Llama-2-7b-hf", "llama-2-7b-hf-"),
+    ("meta-llama/Llama-3.1-8B-Instruct", "llama-3-1-8b-instruct-"),
+    ("/fsx/models/7b", "job-7b-"),
+    ("someone/" + "A" * 80, "a" * 39 + "-"),
+])
+def test_names_are_dns_labels_with_room_for_the_pod_suffix(model, prefix):
+    """Checked against the operator webhook (DNS-1035) and the 63-character pod/Service names."""
+    job = render(dataclasses.replace(JobSettings(), model=model))
+    assert name(job).startswith(prefix), name(job)
+    assert DNS_1035.fullmatch(name(job)) and len(f"{name(job)}-worker-99") <= 63
+
+
+def test_model_slug_never_starts_with_a_digit_or_ends_with_a_dash():
+    """Checked against DNS-1035: a label starts with a letter and ends alphanumeric."""
+    for model in ("01-ai/Yi-34B", "x/---", "x/9", "org/name-"):
+        slug = model_slug(model)
+        assert DNS_1035.fullmatch(slug), (model, slug)
+
+
+def test_elastic_only_when_asked():
+    """Checked against DESIGN.md: min = max = nodes by default; bounds passed through otherwise."""
+    fixed = render()["spec"]["elasticPolicy"]
+    assert (fixed["minReplicas"], fixed["maxReplicas"]) == (2, 2)
+    elastic = render(dataclasses.replace(JobSettings(), min_nodes=1, max_nodes=4))["spec"]["elasticPolicy"]
+    assert (elastic["minReplicas"], elastic["maxReplicas"]) == (1, 4)
+
+
+def test_without_a_token_no_hf_token_env():
+    """Checked against the env list: no Secret name, no HF_TOKEN."""
+    env = render(hf_secret=None)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["env"]
+    assert "HF_TOKEN" not in [e["name"] for e in env]
+
+
+def test_efa_and_gpu_counts_follow_the_job_when_set():
+    """Checked against the profile: overrides below the profile's counts are requested as given."""
+    job = render(dataclasses.replace(JobSettings(), gpus_per_node=4, efa_per_node=16))
+    c = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "4", "vpc.amazonaws.com/efa": "16"}
+    assert job["spec"]["nprocPerNode"] == "4"
+
+
+@pytest.mark.parametrize("job", [
+    JobSettings(),
+    JobSettings(dataset="data/train.jsonl", max_steps=5, compile=True, activation_checkpointing="selective",
+                sharding="HYBRID_SHARD", learning_rate=3e-4),
+])
+def test_the_training_package_parses_the_command(job):
+    """Checked against the training package's own argument parser: every flag is accepted and
+    lands on the intended setting."""
+    command = training_command(job)
+    assert command[:3] == ["torchrun", "-m", "training.finetune"]
+    config = config_from_namespace(build_parser().parse_args(command[3:]))
+    assert config.model.model == job.model
+    assert config.train.epochs == job.epochs and config.train.max_steps == job.max_steps
+    assert config.train.batch_size == job.batch_size and config.data.seq_len == job.seq_len
+    assert config.optim.lr == job.learning_rate and config.optim.warmup_steps == job.warmup_steps
+    assert config.parallel.sharding == job.sharding
+    assert config.parallel.activation_checkpointing == job.activation_checkpointing
+    assert config.parallel.compile == job.compile
+    assert config.checkpoint.checkpoint_every == job.checkpoint_every
+    assert config.metrics.metrics_port == 9402
+    if job.dataset:
+        assert config.data.dataset == job.dataset

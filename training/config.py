@@ -26,6 +26,8 @@ Sharding = Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"]
 ActivationCheckpointing = Literal["none", "full", "selective"]
 ComputeDtype = Literal["auto", "bf16", "fp32"]
 ExportDtype = Literal["bf16", "fp32"]
+SdpaBackend = Literal["auto", "cudnn", "flash", "efficient"]
+LossImpl = Literal["fused", "plain"]
 
 
 def flag(name: str) -> str:
@@ -54,6 +56,14 @@ class ModelConfig:
     dtype: ComputeDtype = "auto"
     """Parameter dtype in forward and backward. auto = bf16 on CUDA, fp32 on CPU (gloo tests).
     Master weights, gradient reductions and optimizer states are always fp32."""
+
+    sdpa_backend: SdpaBackend = "auto"
+    """First choice of attention kernel on CUDA (the others stay as fallbacks): auto (torch's
+    order: flash attention 2 first), cudnn (cuDNN's fused attention), flash, efficient."""
+
+    loss: LossImpl = "fused"
+    """Output head + cross-entropy: fused (chunked, never materialises the full fp32 logits;
+    training/loss.py) or plain (Hugging Face head, full logits, F.cross_entropy)."""
 
     def __post_init__(self) -> None:
         _check(bool(self.model.strip()), "model", "must name a model")

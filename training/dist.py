@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import socket
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+SHARED_STORE_WARNING = (
+    "torchrun shares its rendezvous TCPStore with the workers (TORCHELASTIC_USE_AGENT_STORE=True) "
+    "and restarts are allowed: after a restart, workers can read the previous attempt's "
+    "addresses from that store and fail to connect (gloo 'Connection refused', NCCL "
+    "socketPollConnect; pytorch/pytorch#135712, #167288). Set "
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in the environment of torchrun.")
 
 SLOW_COLLECTIVE_TIMEOUT = datetime.timedelta(hours=3)
 """Timeout of the side group that waits for downloads (a 70B model is ~130 GB per node)."""
@@ -56,6 +64,9 @@ def init_distributed() -> DistEnv:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if (rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0):
+        logging.getLogger(__name__).warning(SHARED_STORE_WARNING)
     local_rank = int(os.environ["LOCAL_RANK"])
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if torch.cuda.is_available():

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from training import hub
@@ -31,10 +31,11 @@ from training.dataset import IGNORE_INDEX, PackedData, StepSampler, load_records
 from training.dist import DistEnv, all_sum, init_distributed
 from training.errors import OOM_ADVICE, UserError
 from training.export import export_hf
+from training.loss import install_loss_forward
 from training.metrics import (JsonLines, flops_per_token, peak_flops, step_metrics,
                               summarize)
 from training.model import (allocate, build_meta_model, decoder_layers, load_weights,
-                            parameter_counts)
+                            parameter_counts, set_sdpa_backend)
 from training.parallel import DTYPES, build_mesh, compute_dtype, parallelize
 from training.prometheus import NoMetrics, TrainingMetrics
 
@@ -85,13 +86,22 @@ def _build_data(cfg: JobConfig, tokenizer, env: DistEnv) -> tuple[PackedData, St
     return data, sampler
 
 
-def _build_model(cfg: JobConfig, model_dir: Path, env: DistEnv) -> nn.Module:
-    """Meta-device model -> AC, compile, fully_shard -> allocate shards -> load weights."""
-    model = build_meta_model(model_dir)
+def _parallelize(cfg: JobConfig, model: nn.Module, env: DistEnv) -> tuple[DeviceMesh, dict]:
+    """A meta-device model -> attention backend, loss forward, AC, compile, fully_shard ->
+    storage for this rank's shards (uninitialised)."""
+    set_sdpa_backend(cfg.model.sdpa_backend, env.device)
+    install_loss_forward(model, fused=cfg.model.loss == "fused")
     mesh = build_mesh(cfg.parallel, env)
     wrapped = parallelize(model, cfg.parallel, mesh,
                           compute_dtype(cfg.model.dtype, env.device))
     allocate(model, env.device)
+    return mesh, wrapped
+
+
+def _build_model(cfg: JobConfig, model_dir: Path, env: DistEnv) -> nn.Module:
+    """Meta-device model -> AC, compile, fully_shard -> allocate shards -> load weights."""
+    model = build_meta_model(model_dir)
+    mesh, wrapped = _parallelize(cfg, model, env)
     started = time.perf_counter()
     read = all_sum(load_weights(model, model_dir), env.device)
     log.info("model: %s, mesh %s, wrapped %s; loaded %.1f MB of weights across ranks in %.1f s",
@@ -130,21 +140,25 @@ class WarmupCosine:
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
                scheduler: torch.optim.lr_scheduler.LRScheduler,
                micro_batches: list[tuple[torch.Tensor, torch.Tensor]], max_grad_norm: float,
-               env: DistEnv) -> tuple[float, float]:
-    """One optimizer step over gradient-accumulation micro-batches; returns (loss, grad norm).
+               env: DistEnv) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step over gradient-accumulation micro-batches; returns (loss, grad norm)
+    as 0-d device tensors.
 
     The loss is the mean over every target token of the global batch. FSDP averages gradients
     over ranks, so each rank scales its token-sum loss by world / global target tokens.
-    Gradients are reduced only on the last micro-batch.
+    Gradients are reduced only on the last micro-batch. Nothing here waits for the GPU: the
+    token count is summed on the device and the results stay tensors, so the host can queue
+    the next step while this one runs (`float()` on a result waits for it).
     """
-    targets = all_sum(sum(int((y != IGNORE_INDEX).sum()) for _, y in micro_batches), env.device)
-    scale = env.world_size / max(targets, 1.0)
+    targets = torch.stack([(y != IGNORE_INDEX).sum() for _, y in micro_batches]).sum()
+    targets = targets.to(torch.float64)
+    dist.all_reduce(targets)
+    targets = targets.clamp(min=1.0)
+    scale = (env.world_size / targets).float()
     loss_sum = torch.zeros((), device=env.device)
     for i, (inputs, labels) in enumerate(micro_batches):
         model.set_requires_gradient_sync(i == len(micro_batches) - 1)
-        logits = model(input_ids=inputs, use_cache=False).logits
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
-                               ignore_index=IGNORE_INDEX, reduction="sum")
+        loss = model(inputs, labels)  # summed token loss (training/loss.py)
         (loss * scale).backward()
         loss_sum += loss.detach()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm or math.inf)
@@ -154,7 +168,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     dist.all_reduce(loss_sum)
-    return loss_sum.item() / max(targets, 1.0), grad_norm.item()
+    return (loss_sum / targets).float(), grad_norm
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -193,7 +207,8 @@ def _describe(cfg: JobConfig, env: DistEnv, model: nn.Module, flops_token: float
         "run/reduce_dtype": "float32", "run/optimizer_state_dtype": "float32",
         "run/sharding": cfg.parallel.sharding,
         "run/activation_checkpointing": cfg.parallel.activation_checkpointing,
-        "run/compile": cfg.parallel.compile, "run/flops_per_token": flops_token,
+        "run/compile": cfg.parallel.compile, "run/sdpa_backend": cfg.model.sdpa_backend,
+        "run/loss": cfg.model.loss, "run/flops_per_token": flops_token,
         "run/torch": torch.__version__, "run/transformers": transformers.__version__,
     }
 
@@ -256,9 +271,9 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
         for step in range(state.step + 1, total + 1):
             started = time.perf_counter()
             lr = optimizer.param_groups[0]["lr"]
-            loss, grad_norm = train_step(model, optimizer, scheduler,
-                                         _micro_batches(run_, env.device),
-                                         cfg.optim.max_grad_norm, env)
+            loss, grad_norm = (float(t) for t in train_step(
+                model, optimizer, scheduler, _micro_batches(run_, env.device),
+                cfg.optim.max_grad_norm, env))
             elapsed = time.perf_counter() - started
             state.step, state.tokens_seen = step, state.tokens_seen + tokens_per_step
             m = step_metrics(step=step, epoch=state.epoch, loss=loss, lr=lr,

@@ -9,6 +9,7 @@ the node's ranks share; nothing is broadcast.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -40,15 +41,59 @@ def load_config(model_dir: Path):
 
 def build_meta_model(model_dir: Path) -> nn.Module:
     """The causal LM of `model_dir`'s config, on the meta device, fp32 (the master weights)."""
+    return meta_model_from_config(load_config(model_dir))
+
+
+def meta_model_from_config(config) -> nn.Module:
+    """The causal LM of a Hugging Face config, on the meta device, fp32 (the benchmark's path)."""
     from transformers import AutoModelForCausalLM
 
-    config = load_config(model_dir)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
                                                  attn_implementation="sdpa")
     model.config.use_cache = False
     decoder_layers(model)  # fail early on an unsupported layout
     return model
+
+
+SDPA_PRIORITY = {
+    "cudnn": ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"),
+    "flash": ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"),
+    "efficient": ("EFFICIENT_ATTENTION", "FLASH_ATTENTION", "MATH"),
+}
+"""Backend priority per --sdpa-backend; each falls back to the next when it cannot run a call."""
+_SDPA_CONTEXT = contextlib.ExitStack()
+
+
+def set_sdpa_backend(name: str, device: torch.device) -> None:
+    """Make `name` the first choice of scaled_dot_product_attention for this process (CUDA only).
+
+    torch keeps the backend flags and their priority process-wide, so the public `sdpa_kernel`
+    context is entered once and left open; compiled blocks read it when they are traced. 'auto'
+    leaves torch's own order (flash attention first on Hopper in torch 2.11 to 2.13).
+    """
+    if device.type != "cuda" or name == "auto":
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    order = [getattr(SDPBackend, b) for b in SDPA_PRIORITY[name]]
+    _SDPA_CONTEXT.enter_context(sdpa_kernel(order, set_priority=True))
+
+
+@torch.no_grad()
+def init_random_(model: nn.Module, seed: int, std: float = 0.02) -> None:
+    """Random weights for an allocated (sharded) model, as Llama initialises them: matrices
+    N(0, std), norm weights 1. Each rank fills its own shard from its own stream (benchmarks)."""
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    for name, param in model.named_parameters():
+        local = param.to_local() if isinstance(param, DTensor) else param
+        if local.numel() == 0:
+            continue
+        if local.ndim >= 2:
+            gen = torch.Generator(device=local.device).manual_seed(seed * 100003 + rank)
+            local.normal_(0.0, std, generator=gen)
+        else:
+            local.fill_(1.0)
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -46,7 +46,9 @@ def child_env(**extra: str) -> dict[str, str]:
     """The environment of a training process: this one minus any rank variables."""
     env = {k: v for k, v in os.environ.items() if k not in _RANK_ENV and not k.startswith("PET_")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1",
-               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               # torchrun restarts + the shared rendezvous store: see dist.SHARED_STORE_WARNING
+               TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     env.pop("HF_TOKEN", None)
     env.update(extra)
     return env

@@ -1,0 +1,375 @@
+"""Benchmark the package's own training step on synthetic tokens; one JSON per run.
+
+    torchrun --nproc-per-node 2 -m training.bench --shape llama2-7b --seq-len 4096 \\
+        --batch-size 3 --activation-checkpointing none --compile
+
+Every flag of `training.finetune` means the same here (the same `JobConfig`), plus the
+benchmark's own (`--shape`, `--bench-steps`, ...; see --help). The model is the one
+`training.finetune` builds, wrapped the same way (`finetune._parallelize`: attention backend, loss
+forward, AC, compile, fully_shard), with the same optimizer (`_build_optimizer`) and the same
+`train_step`; only the weights (random, or `--model DIR` through the real loading path) and the
+data (uniform random token ids) differ. No special fast path.
+
+Method (DESIGN.md section 5): `--bench-warmup` steps (compilation, allocator growth) are excluded;
+then `--bench-steps` steps are timed without a host sync between them (the host queues ahead, as
+in `train_step`), with CUDA events at step boundaries for the per-step spread and one wall-clock
+interval for the mean. tokens/s/GPU = per-GPU tokens per step / mean step time; MFU = tokens/s/GPU
+x FLOPs/token / dense bf16 peak (`training.metrics`). Memory: the allocator's peaks over the timed
+steps (max over ranks); model state = memory allocated when the optimizer step starts (fp32
+params + fp32 grads + AdamW moments), against 16 B x local parameters.
+"""
+
+from __future__ import annotations
+
+import time
+
+_STARTED = time.perf_counter()  # before torch is imported: time to first step counts imports
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
+
+from training import hub, tiny  # noqa: E402
+from training.config import JobConfig, parse_args  # noqa: E402
+from training.dist import DistEnv, init_distributed  # noqa: E402
+from training.finetune import (WarmupCosine, _build_model, _build_optimizer,  # noqa: E402
+                               _parallelize, _setup_logging, train_step)
+from training.metrics import flops_per_token, peak_flops  # noqa: E402
+from training.model import init_random_, meta_model_from_config, parameter_counts  # noqa: E402
+from training.parallel import compute_dtype  # noqa: E402
+
+log = logging.getLogger("training.bench")
+
+GIB = 2**30
+SHAPES: dict[str, dict] = {
+    "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, vocab_size=32000),
+    "llama2-13b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
+                       num_attention_heads=40, num_key_value_heads=40, vocab_size=32000),
+    "llama2-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                       num_attention_heads=64, num_key_value_heads=8, vocab_size=32000),
+    "tiny": {k: tiny.LLAMA_KWARGS[k] for k in (
+        "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "vocab_size")},
+}
+"""Llama 2 shapes from the models' config.json; tiny is the package's test preset."""
+SHAPE_FLAGS = {"layers": "num_hidden_layers", "hidden": "hidden_size",
+               "intermediate": "intermediate_size", "heads": "num_attention_heads",
+               "kv_heads": "num_key_value_heads", "vocab": "vocab_size"}
+
+
+def bench_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m training.bench", add_help=False,
+        description="Benchmark flags; every training.finetune flag is accepted too.")
+    p.add_argument("--shape", choices=sorted(SHAPES),
+                   help="random-init model of this shape; unset: load --model (the real path)")
+    for name in SHAPE_FLAGS:
+        p.add_argument("--" + name.replace("_", "-"), type=int, dest=name,
+                       help="override one dimension of --shape (default shape llama2-7b)")
+    p.add_argument("--bench-steps", type=int, default=10, help="timed steps (default 10)")
+    p.add_argument("--bench-warmup", type=int, default=3,
+                   help="untimed steps first, the first one included (default 3)")
+    p.add_argument("--out", default="docs/benchmarks", help="directory of the JSON")
+    p.add_argument("--tag", default="", help="name of the run (default: from the config)")
+    p.add_argument("--memory-fraction", type=float, default=None,
+                   help="cap the CUDA caching allocator at this fraction of the GPU "
+                        "(torch.cuda.set_per_process_memory_fraction)")
+    p.add_argument("--project-world", type=int, default=16,
+                   help="world size to project peak memory to (model state / world)")
+    p.add_argument("--sync-every-step", action="store_true",
+                   help="read the loss on the host after every step (as a per-step logger "
+                        "would), to measure what that sync costs")
+    return p
+
+
+def _model_config(args: argparse.Namespace, seq_len: int):
+    from transformers import LlamaConfig
+
+    kwargs = dict(SHAPES[args.shape or "llama2-7b"])
+    for name, key in SHAPE_FLAGS.items():
+        if getattr(args, name) is not None:
+            kwargs[key] = getattr(args, name)
+    return LlamaConfig(**kwargs, max_position_embeddings=max(4096, seq_len), rms_norm_eps=1e-5,
+                       tie_word_embeddings=False, use_cache=False)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _StateProbe:
+    """Memory allocated when the optimizer step starts: params + grads (+ AdamW moments)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device):
+        self.allocated = None
+        self.device = device
+        optimizer.register_step_pre_hook(self._hook)
+
+    def _hook(self, *_):
+        if self.device.type == "cuda":
+            self.allocated = torch.cuda.memory_allocated(self.device)
+
+
+def _max_over_ranks(values: list[float], device: torch.device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def _versions(env: DistEnv) -> dict:
+    import transformers
+
+    cuda = env.device.type == "cuda"
+    out = {"python": platform.python_version(), "torch": torch.__version__,
+           "transformers": transformers.__version__,
+           "cuda": torch.version.cuda if cuda else None,
+           "cudnn": torch.backends.cudnn.version() if cuda else None,
+           "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None}
+    try:
+        import torchao
+
+        out["torchao"] = torchao.__version__
+    except ImportError:
+        pass
+    return out
+
+
+def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -> dict:
+    device = env.device
+    if args.memory_fraction is not None and device.type == "cuda":
+        torch.cuda.set_per_process_memory_fraction(args.memory_fraction, device)
+    started = time.perf_counter()
+    if args.shape or any(getattr(args, n) is not None for n in SHAPE_FLAGS):
+        model_cfg = _model_config(args, cfg.data.seq_len)
+        model = meta_model_from_config(model_cfg)
+        _parallelize(cfg, model, env)
+        init_random_(model, cfg.train.seed)
+        model.train()
+        source = f"random init, shape {args.shape or 'custom'}"
+    else:
+        model_dir = hub.fetch_model(cfg.model.model, cfg.model.cache_dir, cfg.train.seed, env)
+        model = _build_model(cfg, model_dir, env)
+        source = f"loaded from {cfg.model.model}"
+    _sync(device)
+    timings["model_s"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    optimizer = _build_optimizer(model, cfg.optim, device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, WarmupCosine(cfg.optim.warmup_steps, 10**6, cfg.optim.min_lr_ratio))
+    probe = _StateProbe(optimizer, device)
+    timings["optimizer_s"] = time.perf_counter() - started
+
+    mcfg = model.config
+    n_total, n_embedding = parameter_counts(model)
+    local_params = sum((p.to_local() if isinstance(p, DTensor) else p).numel()
+                       for p in model.parameters())
+    flops_token = flops_per_token(n_total - n_embedding, mcfg.num_hidden_layers,
+                                  mcfg.hidden_size, cfg.data.seq_len)
+    gen = torch.Generator().manual_seed(cfg.train.seed * 1000 + env.rank)
+    b, s, accum = cfg.train.batch_size, cfg.data.seq_len, cfg.train.grad_accum
+
+    def micro_batches():
+        out = []
+        for _ in range(accum):
+            tokens = torch.randint(0, mcfg.vocab_size, (b, s + 1), generator=gen)
+            out.append((tokens[:, :-1].to(device, non_blocking=True),
+                        tokens[:, 1:].to(device, non_blocking=True)))
+        return out
+
+    def step():
+        return train_step(model, optimizer, scheduler, micro_batches(),
+                          cfg.optim.max_grad_norm, env)
+
+    losses: list[torch.Tensor] = []
+    started = time.perf_counter()
+    losses.append(step()[0])
+    _sync(device)
+    timings["first_step_s"] = time.perf_counter() - started
+    timings["time_to_first_step_s"] = time.perf_counter() - _STARTED
+    log.info("first step done %.1f s after start: %s", timings["time_to_first_step_s"],
+             json.dumps({k: round(v, 2) for k, v in timings.items()}))
+    for _ in range(args.bench_warmup - 1):
+        losses.append(step()[0])
+    _sync(device)
+    dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    cuda = device.type == "cuda"
+    events = [torch.cuda.Event(enable_timing=True)] if cuda else []
+    if cuda:
+        events[0].record()
+    stamps = [time.perf_counter()]
+    for _ in range(args.bench_steps):
+        loss, _ = step()
+        losses.append(loss)
+        if args.sync_every_step:
+            float(loss)
+        if cuda:
+            events.append(torch.cuda.Event(enable_timing=True))
+            events[-1].record()
+        stamps.append(time.perf_counter())
+    _sync(device)
+    wall = time.perf_counter() - stamps[0]
+    if cuda:
+        step_times = [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
+    else:
+        step_times = [b - a for a, b in zip(stamps, stamps[1:])]
+
+    peak_alloc = torch.cuda.max_memory_allocated(device) if cuda else 0
+    peak_reserved = torch.cuda.max_memory_reserved(device) if cuda else 0
+    state = probe.allocated or 0
+    peak_alloc, peak_reserved, state = _max_over_ranks([peak_alloc, peak_reserved, state], device)
+    project = args.project_world
+    loss_values = [float(t) for t in losses]
+
+    tokens_gpu_step = b * s * accum
+    step_mean = wall / args.bench_steps
+    per_gpu = tokens_gpu_step / step_mean
+    peak = peak_flops(device)
+    expected_state = 16 * local_params
+    formula_state = 16 * n_total / env.world_size
+    record = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "tag": args.tag,
+        "status": "ok",
+        "model": {"source": source, "shape": args.shape, "params": n_total,
+                  "params_without_embedding": n_total - n_embedding,
+                  "layers": mcfg.num_hidden_layers, "hidden": mcfg.hidden_size,
+                  "intermediate": mcfg.intermediate_size, "heads": mcfg.num_attention_heads,
+                  "kv_heads": mcfg.num_key_value_heads, "vocab": mcfg.vocab_size},
+        "seq_len": s,
+        "batch": {"per_gpu_sequences": b * accum, "per_gpu_tokens": tokens_gpu_step,
+                  "micro_batch_sequences": b, "grad_accum": accum,
+                  "global_sequences": b * accum * env.world_size,
+                  "global_tokens": tokens_gpu_step * env.world_size},
+        "gpus": env.world_size, "nodes": env.num_nodes,
+        "gpu_name": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "precision": {"params_compute": str(compute_dtype(cfg.model.dtype, device)).removeprefix(
+            "torch."), "master_params": "float32", "reductions": "float32",
+            "optimizer_states": "float32"},
+        "activation_checkpointing": cfg.parallel.activation_checkpointing,
+        "compile": cfg.parallel.compile,
+        "fp8": False,
+        "strategy": cfg.parallel.sharding,
+        "sdpa_backend": cfg.model.sdpa_backend,
+        "loss": cfg.model.loss,
+        "sync_every_step": args.sync_every_step,
+        "memory_fraction": args.memory_fraction,
+        "versions": _versions(env),
+        "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCHINDUCTOR_CACHE_DIR",
+                                               "CUDA_VISIBLE_DEVICES")},
+        "steps": {"warmup": args.bench_warmup, "timed": args.bench_steps},
+        "flops_per_token": flops_token,
+        "peak_flops": peak,
+        "tokens_per_s_per_gpu": per_gpu,
+        "tokens_per_s": per_gpu * env.world_size,
+        "mfu_pct": 100.0 * per_gpu * flops_token / peak if peak else None,
+        "step_time_s": {"mean": step_mean, "median": statistics.median(step_times),
+                        "min": min(step_times), "max": max(step_times),
+                        "stdev": statistics.pstdev(step_times)},
+        "step_times_s": step_times,
+        "losses": loss_values,
+        "memory_gib": _memory(peak_alloc, peak_reserved, state, expected_state, formula_state,
+                              env.world_size, project) if cuda else None,
+        "time_to_first_step_s": timings["time_to_first_step_s"],
+        "startup_s": {k: v for k, v in timings.items() if k != "time_to_first_step_s"},
+        "config": cfg.to_dict(),
+    }
+    return record
+
+
+def _memory(peak_alloc: float, peak_reserved: float, state: float, expected_state: float,
+            formula_state: float, world: int, project: int) -> dict:
+    """Peaks, model state against 16 B x params / world, and the peak projected to `project`
+    GPUs: model state shrinks as world / project, activations and transients stay."""
+    shrink = state * (1 - world / project)
+    return {
+        "peak_allocated": peak_alloc / GIB, "peak_reserved": peak_reserved / GIB,
+        "model_state_measured": state / GIB,
+        "model_state_expected_local": expected_state / GIB,
+        "model_state_formula": formula_state / GIB,
+        "model_state_error_pct": 100.0 * (state - formula_state) / formula_state,
+        "activations_and_transients": (peak_alloc - state) / GIB,
+        "project_world": project,
+        "projected_model_state": (state - shrink) / GIB,
+        "projected_peak_allocated": (peak_alloc - shrink) / GIB,
+        "projected_peak_reserved": (peak_reserved - shrink) / GIB,
+    }
+
+
+def _name(args: argparse.Namespace, cfg: JobConfig, env: DistEnv) -> str:
+    if args.tag:
+        return args.tag
+    shape = args.shape or Path(cfg.model.model).name
+    return (f"{shape}-s{cfg.data.seq_len}-b{cfg.train.batch_size}x{cfg.train.grad_accum}"
+            f"-ac{cfg.parallel.activation_checkpointing}"
+            f"-{'compile' if cfg.parallel.compile else 'eager'}-{cfg.parallel.sharding}"
+            f"-{env.world_size}gpu")
+
+
+def write(record: dict, out: str, name: str) -> Path:
+    stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
+    path = Path(out) / f"{name}-{stamp}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        bench_parser().print_help()
+        print("\nAll training.finetune flags (python -m training.finetune --help) apply.")
+        return 0
+    args, rest = bench_parser().parse_known_args(argv)
+    cfg = parse_args(rest)
+    timings: dict = {"imports_s": time.perf_counter() - _STARTED}
+    started = time.perf_counter()
+    env = init_distributed()
+    timings["init_distributed_s"] = time.perf_counter() - started
+    _setup_logging(env)
+    name = _name(args, cfg, env)
+    try:
+        record = run(args, cfg, env, timings)
+        status = 0
+    except torch.cuda.OutOfMemoryError as e:
+        record = {"tag": name, "status": "oom", "error": str(e).splitlines()[0],
+                  "memory_fraction": args.memory_fraction, "config": cfg.to_dict(),
+                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                      timespec="seconds")}
+        print(f"[rank {env.rank}] out of memory: {record['error']}", file=sys.stderr)
+        status = 1
+    if env.is_main:
+        record["tag"] = name
+        path = write(record, args.out, name)
+        if record["status"] == "ok":
+            mem = record["memory_gib"] or {}
+            log.info("%s: %.0f tokens/s/GPU, MFU %s, step %.3f s (median %.3f), memory %s, "
+                     "first step after %.1f s -> %s", name, record["tokens_per_s_per_gpu"],
+                     "n/a" if record["mfu_pct"] is None else f"{record['mfu_pct']:.1f}%",
+                     record["step_time_s"]["mean"], record["step_time_s"]["median"],
+                     json.dumps({k: round(v, 2) for k, v in mem.items()}),
+                     record["time_to_first_step_s"], path)
+        else:
+            log.error("%s: %s -> %s", name, record["status"], path)
+    if status == 0:
+        dist.destroy_process_group()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

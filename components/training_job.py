@@ -72,6 +72,8 @@ MAX_NAME = 50
 HASH_LENGTH = 10
 RUN = "@RUN@"
 """Placeholder for the run's name while the manifest is hashed."""
+RUN_LABEL = "fsdp-eks/run"
+"""Pod label naming the run: how the log command finds every worker of it."""
 LABELS = {"app.kubernetes.io/name": "fsdp-finetune", "app.kubernetes.io/part-of": "fsdp-eks",
           "app.kubernetes.io/component": "training"}
 """On every run's pods, so one PodMonitor scrapes every run."""
@@ -184,7 +186,7 @@ def _pod_template(job: JobSettings, profile: HardwareProfile, image: str, hf_sec
         ],
     }
     return {
-        "metadata": {"labels": {**LABELS, "fsdp-eks/run": RUN}},
+        "metadata": {"labels": {**LABELS, RUN_LABEL: RUN}},
         "spec": {
             "nodeSelector": {"node.kubernetes.io/instance-type": profile.instance_type},
             "tolerations": [dict(GPU_TOLERATION)],
@@ -279,14 +281,17 @@ def hf_secret_metadata(namespace: str) -> dict:
     return {"name": HF_SECRET, "namespace": namespace, "labels": dict(LABELS)}
 
 
-def kubectl_commands(namespace: str, name: str) -> dict[str, str]:
+def kubectl_commands(namespace: str, name: str, max_nodes: int) -> dict[str, str]:
     """Ready-to-paste commands for a run."""
     return {
         "job_status_command": f"kubectl -n {namespace} describe pytorchjob {name}",
         # With elastic rendezvous no pod is the fixed master: ranks are assigned at rendezvous,
-        # so the leader (global rank 0) may be any worker. Worker 0 always exists and logs its
-        # ranks; `kubectl -n <ns> logs -l fsdp-eks/run=<name> --prefix` follows all of them.
-        "job_logs_command": f"kubectl -n {namespace} logs -f {name}-worker-0 -c {CONTAINER}",
+        # so the leader (global rank 0) may be any worker. Follow every worker and keep the
+        # lines of rank 0, the only rank that logs at INFO (step, loss, tokens/s, MFU).
+        "job_logs_command": (
+            f"kubectl -n {namespace} logs -f -l {RUN_LABEL}={name} -c {CONTAINER} --prefix "
+            f"--max-log-requests={max_nodes} | grep --line-buffered -F '[rank 0]'"
+        ),
         # Deleting it by hand frees the GPUs; a later `pulumi up` (after a refresh) starts the run again.
         "job_delete_command": f"kubectl -n {namespace} delete pytorchjob {name}",
     }
@@ -371,7 +376,7 @@ class TrainingJob(pulumi.ComponentResource):
                 ),
             )
         self.job_name = self.manifest.apply(lambda m: m["metadata"]["name"])
-        self.commands = self.job_name.apply(lambda n: kubectl_commands(ns, n))
+        self.commands = self.job_name.apply(lambda n: kubectl_commands(ns, n, job_node_bounds(args.job)[1]))
         self.register_outputs({"job_name": self.job_name, "namespace": ns, "commands": self.commands})
 
     def _hf_secret(

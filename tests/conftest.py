@@ -16,9 +16,14 @@ def stack(request) -> str:
 _RECORDINGS: dict[str, Recording] = {}
 
 
-@pytest.fixture(scope="session")
-def recording(stack: str) -> Recording:
+def recording_of(stack: str) -> Recording:
     """The whole program run under mocks for ``stack`` (cached: runs once per stack)."""
     if stack not in _RECORDINGS:
         _RECORDINGS[stack] = run_program(stack_config(stack), stack)
     return _RECORDINGS[stack]
+
+
+@pytest.fixture(scope="session")
+def recording(stack: str) -> Recording:
+    """The whole program run under mocks for each stack file."""
+    return recording_of(stack)

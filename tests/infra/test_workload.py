@@ -24,6 +24,7 @@ from components.hardware import PROFILES
 from components.offline import SECRET_SIG, SECRET_SIG_KEY
 from components.settings import JobSettings
 from components.training_job import pytorchjob_manifest
+from tests.conftest import recording_of
 from tests.harness import DUMMY_SECRETS, Recording, run_program, stack_config
 
 CRD_FILE = Path(__file__).resolve().parents[1] / "fixtures" / "kubeflow" / (
@@ -319,7 +320,11 @@ def test_outputs_name_the_job_and_give_kubectl_commands(recording: Recording):
     e = recording.exports
     assert e["job_name"] == name
     assert e["job_status_command"] == f"kubectl -n {ns} describe pytorchjob {name}"
-    assert e["job_logs_command"].startswith(f"kubectl -n {ns} logs -f {name}-worker-0")
+    pod_labels = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["labels"]
+    selector = e["job_logs_command"].split(" -l ")[1].split()[0]
+    key, value = selector.split("=")
+    assert pod_labels[key] == value == name, "the log command must select this run's workers"
+    assert "'[rank 0]'" in e["job_logs_command"], "the leader is global rank 0, wherever it runs"
     assert e["job_delete_command"] == f"kubectl -n {ns} delete pytorchjob {name}"
     assert not {"job_name", "image_ref", "job_status_command"} & recording.secret_exports
 
@@ -353,10 +358,8 @@ def test_without_a_token_there_is_no_secret_and_no_hf_token_env(c10d_recording: 
     assert "HF_TOKEN" not in [e["name"] for e in container(job_of(c10d_recording))["env"]]
 
 
-def test_another_job_is_another_run(recording: Recording, c10d_recording: Recording, stack: str):
+def test_another_job_is_another_run(c10d_recording: Recording):
     """Checked across two program runs: a changed job renders a new name and rendezvous id."""
-    if stack != "p5":
-        pytest.skip("compared with the p5 stack")
-    a, b = job_of(recording), job_of(c10d_recording)
+    a, b = job_of(recording_of("p5")), job_of(c10d_recording)
     assert a["metadata"]["name"] != b["metadata"]["name"]
     assert a["spec"]["elasticPolicy"]["rdzvId"] != b["spec"]["elasticPolicy"]["rdzvId"]

@@ -55,6 +55,7 @@ from components.cluster import SYSTEM_NODE_LABEL
 from components.dashboards import gpu_training
 from components.gpu_nodes import GPU_LABELS, GPU_TOLERATION, require_node_label
 from components.helm import helm_release
+from components.pod_identity import pod_identity_role
 from components.settings import ObservabilitySettings
 
 MONITORING_NAMESPACE = "monitoring"
@@ -88,19 +89,6 @@ TRAINING_METRICS: dict[str, str] = {
 }
 """What the training package exports (names fixed with the training package's author)."""
 
-POD_IDENTITY_TRUST = json.dumps(
-    {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Principal": {"Service": "pods.eks.amazonaws.com"},
-                "Action": ["sts:AssumeRole", "sts:TagSession"],
-            }
-        ],
-    }
-)
-"""Trust policy of a role that EKS Pod Identity hands to a service account."""
 EBS_CSI_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"
 EBS_CSI_SERVICE_ACCOUNT = ("kube-system", "ebs-csi-controller-sa")
 CLOUDWATCH_POLICY = "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy"
@@ -383,20 +371,10 @@ class Observability(pulumi.ComponentResource):
     ) -> tuple[aws.iam.Role, list[pulumi.Resource]]:
         """A role for one service account through EKS Pod Identity; returns it and what the add-on waits for."""
         assert args.eks is not None
-        role = aws.iam.Role(f"{name}-role", assume_role_policy=POD_IDENTITY_TRUST, opts=pulumi.ResourceOptions(parent=self))
-        attachment = aws.iam.RolePolicyAttachment(
-            f"{name}-policy", role=role.name, policy_arn=policy_arn, opts=pulumi.ResourceOptions(parent=role)
+        return pod_identity_role(
+            name, cluster_name=args.eks.cluster_name, service_account=service_account, policy_arn=policy_arn,
+            parent=self, ready=args.ready,
         )
-        namespace, account = service_account
-        association = aws.eks.PodIdentityAssociation(
-            f"{name}-pod-identity",
-            cluster_name=args.eks.cluster_name,
-            namespace=namespace,
-            service_account=account,
-            role_arn=role.arn,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.ready)),
-        )
-        return role, [attachment, association]
 
     def _ebs_csi_driver(self, name: str, args: ObservabilityArgs) -> aws.eks.Addon:
         assert args.eks is not None

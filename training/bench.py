@@ -43,7 +43,8 @@ from training import hub, tiny  # noqa: E402
 from training.config import JobConfig, parse_args  # noqa: E402
 from training.dist import DistEnv, init_distributed  # noqa: E402
 from training.finetune import (WarmupCosine, _build_model, _build_optimizer,  # noqa: E402
-                               _parallelize, _setup_logging, train_step)
+                               _parallelize, _setup_logging, set_allocator_defaults,
+                               train_step)
 from training.metrics import flops_per_token, peak_flops  # noqa: E402
 from training.model import init_random_, meta_model_from_config, parameter_counts  # noqa: E402
 from training.parallel import compute_dtype  # noqa: E402
@@ -87,6 +88,9 @@ def bench_parser() -> argparse.ArgumentParser:
                         "(torch.cuda.set_per_process_memory_fraction)")
     p.add_argument("--project-world", type=int, default=16,
                    help="world size to project peak memory to (model state / world)")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="after the timed steps, profile this many more (torch.profiler) and "
+                        "write rank 0's Chrome trace beside the JSON (.trace.json.gz)")
     p.add_argument("--sync-every-step", action="store_true",
                    help="read the loss on the host after every step (as a per-step logger "
                         "would), to measure what that sync costs")
@@ -229,6 +233,19 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
     else:
         step_times = [b - a for a, b in zip(stamps, stamps[1:])]
 
+    if args.profile_steps:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities) as prof:
+            for _ in range(args.profile_steps):
+                step()
+            _sync(device)
+        if env.is_main:
+            trace = Path(args.out) / f"{_name(args, cfg, env)}.trace.json.gz"
+            trace.parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(trace))
+
     peak_alloc = torch.cuda.max_memory_allocated(device) if cuda else 0
     peak_reserved = torch.cuda.max_memory_reserved(device) if cuda else 0
     state = probe.allocated or 0
@@ -263,7 +280,9 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
             "optimizer_states": "float32"},
         "activation_checkpointing": cfg.parallel.activation_checkpointing,
         "compile": cfg.parallel.compile,
-        "fp8": False,
+        "fp8": cfg.model.fp8,
+        "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get(
+            "PYTORCH_ALLOC_CONF"),
         "strategy": cfg.parallel.sharding,
         "sdpa_backend": cfg.model.sdpa_backend,
         "loss": cfg.model.loss,
@@ -321,6 +340,19 @@ def _name(args: argparse.Namespace, cfg: JobConfig, env: DistEnv) -> str:
             f"-{env.world_size}gpu")
 
 
+def _replayable(argv: list[str]) -> list[str]:
+    """The run's flags without the ones that name its outputs or add profiling."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--tag", "--out", "--profile-steps", "--memory-fraction"):
+            skip = True
+        elif not a.startswith(("--tag=", "--out=", "--profile-steps=", "--memory-fraction=")):
+            out.append(a)
+    return out
+
+
 def write(record: dict, out: str, name: str) -> Path:
     stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
     path = Path(out) / f"{name}-{stamp}.json"
@@ -337,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args, rest = bench_parser().parse_known_args(argv)
     cfg = parse_args(rest)
+    set_allocator_defaults()
     timings: dict = {"imports_s": time.perf_counter() - _STARTED}
     started = time.perf_counter()
     env = init_distributed()
@@ -355,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         status = 1
     if env.is_main:
         record["tag"] = name
+        record["argv"] = _replayable(argv)
         path = write(record, args.out, name)
         if record["status"] == "ok":
             mem = record["memory_gib"] or {}

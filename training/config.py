@@ -61,6 +61,11 @@ class ModelConfig:
     """First choice of attention kernel on CUDA (the others stay as fallbacks): auto (torch's
     order: flash attention 2 first), cudnn (cuDNN's fused attention), flash, efficient."""
 
+    fp8: bool = False
+    """torchao float8 linears (dynamic tensorwise scaling) in the decoder blocks; the output head
+    stays bf16. Master weights, reductions and optimizer states stay fp32. Needs torchao and an
+    H100/H200-class GPU."""
+
     loss: LossImpl = "fused"
     """Output head + cross-entropy: fused (chunked, never materialises the full fp32 logits;
     training/loss.py) or plain (Hugging Face head, full logits, F.cross_entropy)."""

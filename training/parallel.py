@@ -1,4 +1,5 @@
-"""Parallelism: device mesh, then activation checkpointing, compile and FSDP2, in that order.
+"""Parallelism: device mesh, then float8 linears, activation checkpointing, compile and FSDP2,
+in that order.
 
 The four strategies of PyTorch FSDP, mapped onto FSDP2 (`fully_shard`):
 
@@ -62,6 +63,23 @@ def _require(count: int, what: str) -> int:
     return count
 
 
+def apply_float8(model: nn.Module) -> int:
+    """Swap the decoder blocks' nn.Linear for torchao's Float8Linear (tensorwise dynamic
+    scaling: each matmul's operands are scaled to float8 by their current absolute maximum).
+    The output head stays in bf16, as torchao and torchtitan recommend. On the meta device,
+    before AC, compile and fully_shard."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError:
+        raise UserError("--fp8 needs torchao (pip install torchao)") from None
+    layers = decoder_layers(model)
+    converted = 0
+    for layer in layers:
+        convert_to_float8_training(layer, config=Float8LinearConfig.from_recipe_name("tensorwise"))
+        converted += sum(type(m).__name__ == "Float8Linear" for m in layer.modules())
+    return _require(converted, "float8 conversion")
+
+
 def apply_activation_checkpointing(layers: nn.ModuleList, mode: str) -> int:
     """Wrap decoder layers to recompute activations in backward: all (full) or every 2nd."""
     every = {"full": 1, "selective": 2}[mode]
@@ -94,10 +112,13 @@ def apply_fsdp(model: nn.Module, layers: nn.ModuleList, mesh: DeviceMesh,
 
 
 def parallelize(model: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh,
-                param_dtype: torch.dtype) -> dict[str, int]:
-    """Apply AC, compile and FSDP2 to a meta-device model; returns modules wrapped per step."""
-    layers = decoder_layers(model)
+                param_dtype: torch.dtype, fp8: bool = False) -> dict[str, int]:
+    """Apply float8, AC, compile and FSDP2 to a meta-device model; returns modules wrapped per
+    step."""
     wrapped = {}
+    if fp8:
+        wrapped["float8_linears"] = apply_float8(model)
+    layers = decoder_layers(model)
     if cfg.activation_checkpointing != "none":
         wrapped["activation_checkpointing"] = apply_activation_checkpointing(
             layers, cfg.activation_checkpointing)

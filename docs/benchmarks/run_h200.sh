@@ -61,6 +61,58 @@ phase1() {
     --compile --sdpa-backend cudnn
 }
 
+choose_and_cap() {  # the fastest 7B candidate whose peak projected to 16 GPUs fits, capped
+  local pick
+  pick=$($PY - "$WORK/json" <<'PYEOF'
+import glob, json, math, sys
+import torch
+total = torch.cuda.get_device_properties(0).total_memory / 2**30
+best = None
+for tag in ("7b-b4-none-compile", "7b-b3-none-compile-sgo", "7b-b3-none-compile"):
+    files = sorted(glob.glob(f"{sys.argv[1]}/{tag}-2*.json"))
+    if not files:
+        continue
+    r = json.loads(open(files[-1]).read())
+    if r["status"] != "ok":
+        continue
+    m = r["memory_gib"]
+    if m["projected_peak_reserved"] > 72.0:  # 80 GB = 74.5 GiB; keep >= 2.5 GiB margin
+        continue
+    if best is None or r["tokens_per_s_per_gpu"] > best[1]["tokens_per_s_per_gpu"]:
+        best = (tag, r)
+tag, r = best
+m = r["memory_gib"]
+cap = math.ceil(m["projected_peak_reserved"]) + m["model_state_measured"] - m["projected_model_state"]
+flags = " ".join(r["argv"])
+print(f"{tag}|{cap / total:.4f}|{flags}")
+PYEOF
+)
+  echo "capped run: $pick" | tee -a "$LOG"
+  local tag=${pick%%|*} rest=${pick#*|}
+  local frac=${rest%%|*} flags=${rest#*|}
+  # shellcheck disable=SC2086
+  bench "$tag-capped" 150 2 $flags --memory-fraction "$frac"
+}
+
+phase2() {
+  # the best no-AC configuration again, with the expandable-segments allocator default, profiled
+  bench 7b-b3-none-compile 160 2 $SEVEN --batch-size 3 --activation-checkpointing none --compile \
+    --profile-steps 1
+  bench 7b-b4-none-compile 150 2 $SEVEN --batch-size 4 --activation-checkpointing none --compile
+  bench 7b-b3-none-compile-sgo 150 2 $SEVEN --batch-size 3 --activation-checkpointing none \
+    --compile --sharding SHARD_GRAD_OP
+  # the step as it was (plain loss, a host sync per step), at the best configuration
+  bench 7b-b3-none-compile-plain-sync 150 2 $SEVEN --batch-size 3 --activation-checkpointing none \
+    --compile --loss plain --sync-every-step
+  choose_and_cap
+  # scaling inside the node: one GPU, same per-GPU batch and settings as 7b-b3-full-compile
+  bench 7b-b3-full-compile-1gpu 150 1 $SEVEN --batch-size 3 --activation-checkpointing full --compile
+  bench 7b-b3-full-compile 150 2 $SEVEN --batch-size 3 --activation-checkpointing full --compile
+  THIRTEEN="--shape llama2-13b --seq-len 4096 --bench-steps 8 --bench-warmup 3"
+  bench 13b-b2-selective-compile 170 2 $THIRTEEN --batch-size 2 --activation-checkpointing selective --compile
+  bench 13b-b4-full-compile 170 2 $THIRTEEN --batch-size 4 --activation-checkpointing full --compile
+}
+
 "phase$PHASE"
 pack
 echo "--- phase $PHASE done at $(elapsed) s"

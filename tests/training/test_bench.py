@@ -43,6 +43,7 @@ def test_bench_writes_one_sane_json(tmp_path, world_of_one):
     missing = [k for k in REQUIRED if k not in r]
     assert not missing, missing
     assert r["status"] == "ok"
+    assert "--out" not in r["argv"] and "--bench-steps" in r["argv"]
     assert r["model"]["layers"] == 2 and r["model"]["hidden"] == 64
     assert r["batch"] == {"per_gpu_sequences": 4, "per_gpu_tokens": 128,
                           "micro_batch_sequences": 2, "grad_accum": 2,

@@ -178,6 +178,34 @@ class ObservabilitySettings:
     """Run an htop/nvtop DaemonSet on the GPU nodes."""
 
 
+FSX_THROUGHPUTS_PER_TIB = (125, 250, 500, 1000)
+"""MB/s per TiB that FSx for Lustre PERSISTENT_2 (SSD) offers (FSx API ``PerUnitStorageThroughput``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StorageSettings:
+    """Storage every node of the job shares: where distributed checkpoints and the exported model go.
+
+    torch.distributed.checkpoint writes each rank's shards to its own node; only a directory that
+    every node mounts holds a whole checkpoint. Without one the job keeps today's node-local NVMe.
+    """
+
+    fsx: bool = False
+    """Create an FSx for Lustre file system (PERSISTENT_2, in the GPU AZ) and mount it in every worker."""
+    fsx_storage_capacity_gib: int = 1200
+    """Its size: 1200, 2400 or a multiple of 2400 GiB (PERSISTENT_2 SSD)."""
+    fsx_throughput_per_tib: int = 250
+    """Its throughput per TiB of storage, MB/s: 125, 250, 500 or 1000."""
+    existing_claim_name: str | None = None
+    """Instead of ``fsx``: a ReadWriteMany PersistentVolumeClaim that already exists in
+    ``job.namespace`` (for an existing cluster); its file system must let root chown a directory."""
+
+    @property
+    def shared(self) -> bool:
+        """Every node of the job mounts the same file system."""
+        return self.fsx or self.existing_claim_name is not None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Secrets:
     """Secret inputs; Pulumi secrets end to end, never plain text."""
@@ -202,6 +230,7 @@ class Settings:
     gpu_nodes: GpuNodeSettings
     job: JobSettings
     observability: ObservabilitySettings
+    storage: StorageSettings = field(default_factory=StorageSettings)
     secrets: Secrets = field(default_factory=Secrets)
 
     @property
@@ -222,6 +251,7 @@ SECTIONS: dict[str, type] = {
     "gpuNodes": GpuNodeSettings,
     "job": JobSettings,
     "observability": ObservabilitySettings,
+    "storage": StorageSettings,
 }
 SCALAR_KEYS = ("profile",)
 
@@ -256,13 +286,18 @@ class SettingsError(ValueError):
 # --------------------------------------------------------------------------- parsing
 
 
+UNITS = {"gib": "GiB", "tib": "TiB"}
+"""Units spelt as units in camelCase keys (``prometheusStorageGiB``, ``fsxThroughputPerTiB``)."""
+
+
 def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower().replace("gi_b", "gib")
+    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower().replace("gi_b", "gib")
+    return re.sub(r"ti_b(?=_|$)", "tib", snake)
 
 
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
-    return head + "".join("GiB" if part == "gib" else part.title() for part in rest)
+    return head + "".join(UNITS.get(part, part.title()) for part in rest)
 
 
 def _coerce(value: Any, hint: Any, key: str, problems: list[Problem]) -> Any:
@@ -363,6 +398,7 @@ def parse_settings(
         gpu_nodes=sections["gpuNodes"],
         job=sections["job"],
         observability=sections["observability"],
+        storage=sections["storage"],
         secrets=secrets or Secrets(),
     )
     for rule in RULES:
@@ -524,6 +560,49 @@ def _observability_rules(s: Settings) -> list[Problem]:
     return problems
 
 
+def fsx_capacity_valid(gib: int) -> bool:
+    """FSx for Lustre PERSISTENT_2 on SSD: 1200 GiB, 2400 GiB, or increments of 2400 GiB.
+
+    (FSx API CreateFileSystem ``StorageCapacity``; 3600 is not a valid size.)
+    """
+    return gib == 1200 or (gib >= 2400 and gib % 2400 == 0)
+
+
+def _storage_rules(s: Settings) -> list[Problem]:
+    st = s.storage
+    problems = []
+    if st.fsx and st.existing_claim_name is not None:
+        problems.append(Problem("storage.existingClaimName", st.existing_claim_name,
+                                "use one of storage.fsx (a new FSx for Lustre file system) and "
+                                "storage.existingClaimName (a claim you already have)"))
+    if st.fsx and not s.creates_cluster:
+        problems.append(Problem("storage.fsx", True,
+                                "only for a cluster this stack creates (the file system needs its GPU subnet and "
+                                "security groups): on an existing cluster create a ReadWriteMany "
+                                f"PersistentVolumeClaim in {s.job.namespace} and set storage.existingClaimName"))
+    if st.fsx and not fsx_capacity_valid(st.fsx_storage_capacity_gib):
+        problems.append(Problem("storage.fsxStorageCapacityGiB", st.fsx_storage_capacity_gib,
+                                "FSx for Lustre PERSISTENT_2 takes 1200, 2400 or a multiple of 2400 GiB"))
+    if st.fsx and st.fsx_throughput_per_tib not in FSX_THROUGHPUTS_PER_TIB:
+        problems.append(Problem("storage.fsxThroughputPerTiB", st.fsx_throughput_per_tib,
+                                f"use one of {', '.join(map(str, FSX_THROUGHPUTS_PER_TIB))} (MB/s per TiB, PERSISTENT_2)"))
+    if st.existing_claim_name is not None and not DNS_1123_LABEL.fullmatch(st.existing_claim_name):
+        problems.append(Problem("storage.existingClaimName", st.existing_claim_name,
+                                "give the name of a PersistentVolumeClaim (lower-case letters, digits and '-')"))
+    most = max(s.job.nodes, job_node_bounds(s.job)[1])
+    if most > 1 and not st.shared:
+        problems.append(Problem("storage.fsx", st.fsx,
+                                f"a job on {most} nodes needs storage every node shares: each node writes its "
+                                "checkpoint shards to its own NVMe, so a checkpoint would be scattered across "
+                                "nodes and a restarted or resumed run could not load it. Set storage.fsx: true "
+                                "(storage.existingClaimName on an existing cluster), or run on one node (job.nodes: 1)"))
+    return problems
+
+
+DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+"""A Kubernetes object name such as a PersistentVolumeClaim's (RFC 1123 label)."""
+
+
 def _size_rules(key: str, lo: int, desired: int, hi: int) -> list[Problem]:
     if 0 <= lo <= desired <= hi and hi >= 1:
         return []
@@ -545,7 +624,7 @@ def job_node_bounds(job: JobSettings) -> tuple[int, int]:
 
 
 RULES: list[Rule] = [_network_rules, _cluster_rules, _gpu_node_rules, _job_rules, _secret_rules,
-                     memory_fit.fit_problems, _observability_rules]
+                     memory_fit.fit_problems, _observability_rules, _storage_rules]
 
 
 # --------------------------------------------------------------------------- the Pulumi reader

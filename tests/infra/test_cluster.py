@@ -55,7 +55,7 @@ def test_one_interface_per_network_card(recording: Recording, stack: str):
 
 
 def test_every_interface_carries_cluster_and_efa_security_groups(recording: Recording):
-    efa_sg = recording.one("aws:ec2/securityGroup:SecurityGroup")
+    efa_sg = recording.one("aws:ec2/securityGroup:SecurityGroup", "gpu-efa")
     efa_sg_id = f"{efa_sg.name}-id"
     for i in recording.one(LT).inputs["networkInterfaces"]:
         groups = set(i["securityGroups"])
@@ -63,7 +63,7 @@ def test_every_interface_carries_cluster_and_efa_security_groups(recording: Reco
 
 
 def test_efa_security_group_allows_all_traffic_to_and_from_itself(recording: Recording):
-    sg = recording.one("aws:ec2/securityGroup:SecurityGroup").inputs
+    sg = recording.one("aws:ec2/securityGroup:SecurityGroup", "gpu-efa").inputs
     for direction in ("ingress", "egress"):
         rules = sg[direction]
         assert any(r["protocol"] == "-1" and r.get("self") for r in rules), f"{direction}: no all-traffic self rule"
@@ -248,7 +248,9 @@ def test_existing_vpc_creates_no_network():
 
 
 def test_existing_cluster_deploys_only_in_cluster_layers():
-    rec = variant("p5", cluster={"existingClusterName": "research"})
+    # Its nodes share checkpoints through a claim the user brings (storage.fsx needs a cluster of ours).
+    rec = variant("p5", cluster={"existingClusterName": "research"},
+                  storage={"fsx": False, "existingClaimName": "checkpoints"})
     for absent in ("eks:index:Cluster", NODE_GROUP, "aws:ec2/vpc:Vpc", LT):
         assert rec.of_type(absent) == [], f"{absent} created for an existing cluster"
     assert len(rec.of_type(HELM)) >= 2

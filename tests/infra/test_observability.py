@@ -91,6 +91,7 @@ def existing_cluster() -> Recording:
     if "existing" not in _RUNS:
         config = copy.deepcopy(stack_config("p5"))
         config["fsdp-eks:cluster"] = {**config["fsdp-eks:cluster"], "existingClusterName": "shared-gpu"}
+        config["fsdp-eks:storage"] = {"existingClaimName": "checkpoints"}  # FSx only on a cluster of ours
         _RUNS["existing"] = run_program(config)
     return _RUNS["existing"]
 

@@ -174,6 +174,7 @@ def test_every_problem_is_listed_at_once():
 def test_existing_cluster_skips_network_and_node_rules():
     config = raw("p5")
     config["cluster"]["existingClusterName"] = "research"
+    config["storage"] = {"existingClaimName": "checkpoints"}  # storage.fsx needs a cluster of ours
     config["network"] = {}
     config["gpuNodes"] = {}
     settings = parse(config)

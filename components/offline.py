@@ -101,6 +101,9 @@ class AwsLikeMocks(pulumi.runtime.Mocks):
         elif args.typ == "aws:ecr/repository:Repository":
             state["registryId"] = FAKE_ACCOUNT
             state["repositoryUrl"] = f"{FAKE_ACCOUNT}.dkr.ecr.{self.region}.amazonaws.com/{inputs.get('name', args.name)}"
+        elif args.typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
+            state["dnsName"] = f"{args.name}-id.fsx.{self.region}.amazonaws.com"
+            state["mountName"] = "mockmnt1"  # FSx: up to 8 characters
         elif args.typ == "docker-build:index:Image":
             state["ref"] = f"{inputs['tags'][0]}@sha256:{'0' * 64}"
             state["digest"] = f"sha256:{'0' * 64}"

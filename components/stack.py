@@ -11,6 +11,7 @@ from components.network import Network, NetworkArgs
 from components.observability import EksAddonTarget, Observability, ObservabilityArgs
 from components.registry import TrainingImage, TrainingImageArgs
 from components.settings import Settings, load_settings
+from components.storage import SharedClaim, SharedStorage, SharedStorageArgs
 from components.training_job import TrainingJob, TrainingJobArgs
 from components.training_operator import TrainingOperator, TrainingOperatorArgs
 
@@ -28,6 +29,10 @@ def gpu_nodes_command(profile_instance_type: str) -> str:
 def build_stack(settings: Settings) -> dict[str, object]:
     """Create every component for ``settings`` and return the stack outputs."""
     outputs: dict[str, object] = {}
+    # Where the job's checkpoints go: a claim every worker mounts, or (None) each node's NVMe.
+    shared = None if settings.storage.existing_claim_name is None else SharedClaim(
+        name=settings.storage.existing_claim_name
+    )
     if settings.creates_cluster:
         network = Network(
             "network",
@@ -63,6 +68,23 @@ def build_stack(settings: Settings) -> dict[str, object]:
             opts=pulumi.ResourceOptions(depends_on=[cluster]),
         )
         outputs["gpu_node_group"] = gpu.node_group_name
+        if settings.storage.fsx:
+            storage = SharedStorage(
+                "storage",
+                SharedStorageArgs(
+                    name=settings.name,
+                    settings=settings.storage,
+                    namespace=settings.job.namespace,
+                    cluster_name=cluster.cluster_name,
+                    vpc_id=network.vpc_id,
+                    gpu_subnet_ids=network.gpu_subnet_ids,
+                    cluster_security_group_id=cluster.cluster_security_group_id,
+                    provider=cluster.provider,
+                    ready=[cluster.pod_identity_agent, cluster.system_nodes],
+                ),
+            )
+            shared = storage.claim
+            outputs["fsx_file_system_id"] = storage.file_system_id
     else:
         cluster = ExistingCluster(
             "cluster", ExistingClusterArgs(name=settings.cluster.existing_cluster_name, region=settings.region)
@@ -91,16 +113,20 @@ def build_stack(settings: Settings) -> dict[str, object]:
     outputs["cluster_name"] = cluster.cluster_name
     outputs["kubeconfig"] = cluster.kubeconfig
     outputs["gpu_nodes_command"] = gpu_nodes_command(settings.profile.instance_type)
-    outputs.update(_training(settings, cluster, monitoring=[observability] if observability else None))
+    outputs.update(_training(settings, cluster, monitoring=[observability] if observability else None, shared=shared))
     return outputs
 
 
 def _training(
-    settings: Settings, cluster: EksCluster | ExistingCluster, monitoring: list[pulumi.Resource] | None = None
+    settings: Settings,
+    cluster: EksCluster | ExistingCluster,
+    monitoring: list[pulumi.Resource] | None = None,
+    shared: SharedClaim | None = None,
 ) -> dict[str, object]:
     """The image, the Training Operator and the job; returns their outputs.
 
-    ``monitoring``: the stack that installs the PodMonitor CRD (None: no PodMonitor)."""
+    ``monitoring``: the stack that installs the PodMonitor CRD (None: no PodMonitor);
+    ``shared``: the claim for checkpoints every worker mounts (None: node-local NVMe)."""
     image = TrainingImage("training-image", TrainingImageArgs(name=settings.name))
     operator = TrainingOperator("training-operator", TrainingOperatorArgs(provider=cluster.provider))
     job = TrainingJob(
@@ -115,6 +141,7 @@ def _training(
             system_node_selector=SYSTEM_NODE_LABEL if settings.creates_cluster else {},
             operator=[operator],
             monitoring=monitoring,
+            shared=shared,
         ),
     )
     return {

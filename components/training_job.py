@@ -24,6 +24,13 @@ pod), which is why etcd is the default.
 ``/mnt/nvme`` (Hugging Face cache, shared by runs on the node) and, through a per-run ``subPath``
 that the kubelet creates, at ``/mnt/run`` (checkpoints, the exported model, NCCL flight-recorder
 dumps). An init container running as root hands those directories to the image's non-root user.
+
+**Shared storage.** With a ``SharedClaim`` (components/storage.py: FSx for Lustre, or a claim the
+user brings), every worker mounts it at ``/fsx`` and the checkpoints and exported model go to the
+run's own ``/fsx/runs/<run>``: a multi-node distributed checkpoint is whole only where every node
+writes. The init container creates that directory as root and hands it to the training user (the
+file system's root belongs to root). The Hugging Face cache and the flight-recorder dumps stay on
+NVMe. The job creates the claim in its namespace (namespace, then claim, then job).
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from components import rendezvous
 from components.gpu_nodes import GPU_TOLERATION
 from components.hardware import HardwareProfile
 from components.settings import JobSettings, job_node_bounds
+from components.storage import SharedClaim
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -56,6 +64,8 @@ APP_UID = 1000
 NVME_HOST_PATH = "/mnt/k8s-disks/0"
 NVME = "/mnt/nvme"
 RUN_DIR = "/mnt/run"
+SHARED_DIR = "/fsx"
+"""Where a shared claim is mounted; the run's checkpoints go to ``<SHARED_DIR>/runs/<run>``."""
 HF_HOME = f"{NVME}/huggingface"
 NCCL_TRACE_PREFIX = f"{RUN_DIR}/nccl_trace_rank_"
 SHM_SIZE = "64Gi"
@@ -99,11 +109,12 @@ def efa_per_node(job: JobSettings, profile: HardwareProfile) -> int:
     return profile.efa_interfaces if job.efa_per_node is None else job.efa_per_node
 
 
-def training_command(job: JobSettings) -> list[str]:
+def training_command(job: JobSettings, data_dir: str = RUN_DIR) -> list[str]:
     """``torchrun -m training.finetune`` and the package's flags (its CLI contract).
 
     No torchrun flag: nodes, processes per node, rendezvous and restarts come from the
     operator's ``PET_*`` environment. The Hugging Face token is read from ``HF_TOKEN`` only.
+    ``data_dir``: the run's directory for checkpoints and the exported model.
     """
     args = ["torchrun", "-m", "training.finetune", "--model", job.model]
     if job.dataset:
@@ -120,10 +131,10 @@ def training_command(job: JobSettings) -> list[str]:
         "--sharding", job.sharding,
         "--activation-checkpointing", job.activation_checkpointing,
         "--compile" if job.compile else "--no-compile",
-        "--checkpoint-dir", f"{RUN_DIR}/checkpoints",
+        "--checkpoint-dir", f"{data_dir}/checkpoints",
         "--checkpoint-every", str(job.checkpoint_every),
         "--keep-checkpoints", str(KEEP_CHECKPOINTS),
-        "--output-dir", f"{RUN_DIR}/output",
+        "--output-dir", f"{data_dir}/output",
         "--cache-dir", HF_HOME,
         "--seed", str(SEED),
         "--metrics-port", str(METRICS_PORT),
@@ -146,8 +157,15 @@ def _env(hf_secret: str | None) -> list[dict]:
     return env
 
 
-def _pod_template(job: JobSettings, profile: HardwareProfile, image: str, hf_secret: str | None) -> dict:
+def _pod_template(
+    job: JobSettings, profile: HardwareProfile, image: str, hf_secret: str | None, shared_claim: str | None = None
+) -> dict:
     gpus = gpus_per_node(job, profile)
+    # Checkpoints and the exported model: the run's directory on the shared claim, else on NVMe.
+    data_dir = RUN_DIR if shared_claim is None else f"{SHARED_DIR}/runs/{RUN}"
+    shared_mounts = [] if shared_claim is None else [{"name": "shared", "mountPath": SHARED_DIR}]
+    made = [HF_HOME, f"{data_dir}/checkpoints", f"{data_dir}/output"]
+    owned = [HF_HOME, RUN_DIR, *([data_dir] if data_dir != RUN_DIR else []), *made[1:]]
     devices = {"nvidia.com/gpu": str(gpus), "vpc.amazonaws.com/efa": str(efa_per_node(job, profile))}
     ports = [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}]
     if job.rdzv_backend == "c10d":
@@ -156,7 +174,7 @@ def _pod_template(job: JobSettings, profile: HardwareProfile, image: str, hf_sec
         "name": CONTAINER,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": training_command(job),
+        "command": training_command(job, data_dir),
         "env": _env(hf_secret),
         "ports": ports,
         "resources": {
@@ -167,24 +185,29 @@ def _pod_template(job: JobSettings, profile: HardwareProfile, image: str, hf_sec
             {"name": "shm", "mountPath": "/dev/shm"},
             {"name": "nvme", "mountPath": NVME},
             {"name": "nvme", "mountPath": RUN_DIR, "subPath": f"runs/{RUN}"},
+            *shared_mounts,
         ],
     }
     prepare = {
-        # The kubelet creates hostPath subPaths as root; the training user must write to them.
+        # The kubelet creates hostPath subPaths as root, and a shared file system's root is
+        # root's (FSx for Lustre): the training user must write to the run's directories.
         "name": "prepare-nvme",
         "image": image,
         "command": [
             "bash", "-c",
-            f"mkdir -p {HF_HOME} {RUN_DIR}/checkpoints {RUN_DIR}/output && "
-            f"chown {APP_UID}:{APP_UID} {HF_HOME} {RUN_DIR} {RUN_DIR}/checkpoints {RUN_DIR}/output",
+            f"mkdir -p {' '.join(made)} && chown {APP_UID}:{APP_UID} {' '.join(owned)}",
         ],
         "securityContext": {"runAsUser": 0, "runAsNonRoot": False},
         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
         "volumeMounts": [
             {"name": "nvme", "mountPath": NVME},
             {"name": "nvme", "mountPath": RUN_DIR, "subPath": f"runs/{RUN}"},
+            *shared_mounts,
         ],
     }
+    shared_volumes = [] if shared_claim is None else [
+        {"name": "shared", "persistentVolumeClaim": {"claimName": shared_claim}}
+    ]
     return {
         "metadata": {"labels": {**LABELS, RUN_LABEL: RUN}},
         "spec": {
@@ -198,6 +221,7 @@ def _pod_template(job: JobSettings, profile: HardwareProfile, image: str, hf_sec
                 # Directory, not DirectoryOrCreate: without the RAID the pod waits with a clear
                 # event instead of filling the root volume.
                 {"name": "nvme", "hostPath": {"path": NVME_HOST_PATH, "type": "Directory"}},
+                *shared_volumes,
             ],
         },
     }
@@ -230,11 +254,13 @@ def pytorchjob_manifest(
     namespace: str,
     rdzv_host: str | None,
     hf_secret: str | None,
+    shared_claim: str | None = None,
 ) -> dict:
     """The whole PyTorchJob object. Deterministic: equal inputs give an equal object and name.
 
     ``rdzv_host`` is the etcd Service's DNS name (None with ``c10d``); ``hf_secret`` the name of
-    the Secret holding the Hugging Face token (None: no token).
+    the Secret holding the Hugging Face token (None: no token); ``shared_claim`` the claim every
+    worker mounts for checkpoints and the exported model (None: node-local NVMe).
     """
     body = {
         "apiVersion": API_VERSION,
@@ -253,7 +279,7 @@ def pytorchjob_manifest(
                 "Worker": {
                     "replicas": job.nodes,
                     "restartPolicy": "OnFailure",
-                    "template": _pod_template(job, profile, image, hf_secret),
+                    "template": _pod_template(job, profile, image, hf_secret, shared_claim),
                 }
             },
         },
@@ -317,10 +343,12 @@ class TrainingJobArgs:
     """The Training Operator: the job is created after its CRD and webhook are ready."""
     monitoring: Sequence[pulumi.Resource] | None = None
     """The monitoring stack that installs the PodMonitor CRD; None: no PodMonitor."""
+    shared: SharedClaim | None = None
+    """The claim every worker mounts for checkpoints and the exported model; None: node-local NVMe."""
 
 
 class TrainingJob(pulumi.ComponentResource):
-    """Namespace, Hugging Face Secret, etcd (unless c10d), the PyTorchJob and its PodMonitor."""
+    """Namespace, Hugging Face Secret, etcd (unless c10d), shared claim, the PyTorchJob and its PodMonitor."""
 
     def __init__(self, name: str, args: TrainingJobArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("fsdp-eks:job:TrainingJob", name, None, opts)
@@ -346,10 +374,13 @@ class TrainingJob(pulumi.ComponentResource):
                 args.job, args.profile, image=image, namespace=ns,
                 rdzv_host=self.rendezvous.host if self.rendezvous else None,
                 hf_secret=HF_SECRET if self.hf_secret else None,
+                shared_claim=args.shared.name if args.shared else None,
             )
         )
+        self.shared_claim = self._shared_claim(name, args.shared, in_namespace)
         after = [self.namespace, *args.operator, *([self.hf_secret] if self.hf_secret else []),
-                 *([self.rendezvous] if self.rendezvous else [])]
+                 *([self.rendezvous] if self.rendezvous else []),
+                 *([self.shared_claim] if self.shared_claim else [])]
         self.pytorchjob = k8s.apiextensions.CustomResource(
             f"{name}-pytorchjob",
             api_version=API_VERSION,
@@ -378,6 +409,19 @@ class TrainingJob(pulumi.ComponentResource):
         self.job_name = self.manifest.apply(lambda m: m["metadata"]["name"])
         self.commands = self.job_name.apply(lambda n: kubectl_commands(ns, n, job_node_bounds(args.job)[1]))
         self.register_outputs({"job_name": self.job_name, "namespace": ns, "commands": self.commands})
+
+    def _shared_claim(
+        self, name: str, shared: SharedClaim | None, opts: pulumi.ResourceOptions
+    ) -> k8s.core.v1.PersistentVolumeClaim | None:
+        """The shared claim, when the job creates it (after the namespace, before the job)."""
+        if shared is None or shared.manifest is None:
+            return None
+        return k8s.core.v1.PersistentVolumeClaim(
+            f"{name}-shared-claim",
+            metadata=shared.manifest["metadata"],
+            spec=shared.manifest["spec"],
+            opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=list(shared.ready))),
+        )
 
     def _hf_secret(
         self, name: str, namespace: str, token: pulumi.Output[str] | None, opts: pulumi.ResourceOptions

@@ -71,6 +71,24 @@ EFA_DEVICE_PLUGIN = HelmChart(
     repo="https://aws.github.io/eks-charts",
 )
 
+# Shared storage (components/storage.py).
+FSX_CSI_DRIVER = HelmChart(
+    chart="aws-fsx-csi-driver",
+    version="1.17.0",
+    repo="https://kubernetes-sigs.github.io/aws-fsx-csi-driver",
+)
+"""FSx for Lustre CSI driver, Helm chart (kubernetes-sigs/aws-fsx-csi-driver). 1.17.0 is a published
+release tag (``helm-chart-aws-fsx-csi-driver-1.17.0``); PR #491 (Apr 2026) set the chart's appVersion
+to driver 1.9.0 over chart 1.16.0, so 1.17.0 should deploy driver v1.9.0 -- inferred from the PR,
+not read from the released Chart.yaml: check ``helm show chart`` when bumping. The driver needs
+Kubernetes >= 1.20 (its install guide), so one pin serves every version in EKS_ADDONS.
+
+A Helm release, not the ``aws-fsx-csi-driver`` EKS add-on (which exists and takes Pod Identity):
+no add-on build could be confirmed for each pinned Kubernetes version, and the release's values
+(the GPU-taint toleration) are visible to the tests under mocks (DESIGN.md section 4)."""
+FSX_LUSTRE_VERSION = "2.15"
+"""Lustre version of the file system (``file_system_type_version``; valid for PERSISTENT_2)."""
+
 # --------------------------------------------------------------------------- the training workload
 
 ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"

@@ -35,7 +35,7 @@ LLAMA_KWARGS = dict(
     bos_token_id=1,
     eos_token_id=2,
 )
-SHARD_SIZE = "64KB"
+SHARD_BYTES = 64 * 1024
 """Small on purpose: the preset's weights span several safetensors files and an index."""
 
 
@@ -78,6 +78,8 @@ def materialize(target: Path, seed: int) -> Path:
     """Write the preset to `target` (atomically: a half-written copy is never visible)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from training.export import Shards
+
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -85,7 +87,11 @@ def materialize(target: Path, seed: int) -> Path:
     try:
         torch.manual_seed(seed)
         model = LlamaForCausalLM(LlamaConfig(**LLAMA_KWARGS))
-        model.save_pretrained(tmp, max_shard_size=SHARD_SIZE)
+        shards = Shards(tmp, max_bytes=SHARD_BYTES)
+        for name, tensor in model.state_dict().items():
+            shards.add(name, tensor)
+        shards.finish()  # not save_pretrained: it writes only on global rank 0
+        model.config.save_pretrained(tmp)
         build_tokenizer().save_pretrained(tmp)
         try:
             os.rename(tmp, target)

@@ -55,7 +55,7 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 def torchrun_cmd(nproc: int, launcher: list[str] | None = None) -> list[str]:
-    launcher = launcher or ["--standalone"]
+    launcher = ["--standalone"] if launcher is None else launcher
     return [sys.executable, "-m", "torch.distributed.run", *launcher,
             f"--nproc-per-node={nproc}", "-m", "training.finetune"]
 

@@ -1,0 +1,62 @@
+"""torchrun agents rendezvous through a real etcd (Debian's etcd-server, v2 API on), the way
+the PyTorchJob's pods do: one agent per "node", one process each."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.training.conftest import REPO, TINY_FLAGS, Run, child_env, torchrun_cmd
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _two_agents(tmp_path, tiny_cache, run_id: str, launcher: list[str], env: dict) -> list[Run]:
+    procs = []
+    for node in range(2):
+        work = tmp_path / f"{run_id}-node{node}"
+        work.mkdir()
+        cmd = torchrun_cmd(1, launcher) + [
+            *TINY_FLAGS, "--max-steps", "3", "--batch-size", "4", "--cache-dir", str(tiny_cache),
+            "--metrics-file", str(work / "metrics.jsonl")]
+        procs.append((subprocess.Popen(cmd, cwd=REPO, env=child_env(**env), text=True,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT), work))
+    runs = []
+    for proc, work in procs:
+        try:
+            out, _ = proc.communicate(timeout=240)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        runs.append(Run(proc.returncode, out, work).check())
+    return runs
+
+
+def _assert_one_job_of_two(runs: list[Run]) -> None:
+    leaders = [r for r in runs if r.steps()]
+    assert len(leaders) == 1, "exactly one agent hosts global rank 0"
+    assert sorted(leaders[0].steps()) == [1, 2, 3]
+    assert '"run/gpus": 2, "run/nodes": 2' in leaders[0].output
+
+
+def test_two_runs_rendezvous_through_etcd(etcd, tmp_path, tiny_cache):
+    """Checked against a real etcd: two agents with --rdzv-backend etcd and --nnodes 2 find
+    each other and finish a 3-step run as one world of 2; then a second run with a new id on
+    the same etcd, configured the way the Training Operator does it (PET_* environment
+    variables, no --nnodes flag), finishes too."""
+    flags = ["--nnodes=2", "--rdzv-backend=etcd", f"--rdzv-endpoint={etcd}",
+             "--rdzv-id=etcd-run-1"]
+    _assert_one_job_of_two(_two_agents(tmp_path, tiny_cache, "run1", flags, {}))
+
+    operator_env = {"PET_NNODES": "2", "PET_RDZV_BACKEND": "etcd", "PET_RDZV_ENDPOINT": etcd,
+                    "PET_RDZV_ID": "etcd-run-2"}
+    _assert_one_job_of_two(_two_agents(tmp_path, tiny_cache, "run2", [], operator_env))
+
+
+def test_etcd_v2_backend(etcd, tmp_path, tiny_cache):
+    """Checked against a real etcd: the other backend that speaks etcd's v2 API, etcd-v2 (the
+    dynamic rendezvous on an etcd store), also forms one world of 2 from two agents."""
+    operator_env = {"PET_NNODES": "2", "PET_RDZV_BACKEND": "etcd-v2", "PET_RDZV_ENDPOINT": etcd,
+                    "PET_RDZV_ID": "etcd-v2-run"}
+    _assert_one_job_of_two(_two_agents(tmp_path, tiny_cache, "v2", [], operator_env))

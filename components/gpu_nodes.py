@@ -21,27 +21,35 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
 GPU_LABELS = {"nvidia.com/gpu": "true", "vpc.amazonaws.com/efa.present": "true"}
 """The NVIDIA device plugin and DCGM exporter select the first, the EFA plugin the second."""
 
-NODECONFIG_USER_DATA = """MIME-Version: 1.0
-Content-Type: multipart/mixed; boundary="FSDPEKS"
-
---FSDPEKS
-Content-Type: application/node.eks.aws
-
----
+NODE_CONFIG = """---
 apiVersion: node.eks.aws/v1alpha1
 kind: NodeConfig
 spec:
   instance:
     localStorage:
       strategy: RAID0
-
---FSDPEKS--
 """
 """AL2023 nodeadm config: stripe the instance-store NVMe into one RAID0 at /mnt/k8s-disks/0.
 
 Managed node groups merge this MIME part with the bootstrap part EKS generates, so no
 ``image_id`` (and no full NodeConfig with cluster details) is needed.
 """
+
+LUSTRE_CLIENT_SCRIPT = """#!/bin/bash
+# The FSx CSI driver mounts with the host's Lustre client; the AL2023 AMI does not ship it.
+set -euo pipefail
+dnf install -y lustre-client
+"""
+
+
+def node_user_data(lustre_client: bool) -> str:
+    """MIME multi-part user data (the only form EKS merges): the NodeConfig, and the Lustre
+    client install when the job mounts FSx for Lustre."""
+    parts = [("application/node.eks.aws", NODE_CONFIG)]
+    if lustre_client:
+        parts.append(("text/x-shellscript", LUSTRE_CLIENT_SCRIPT))
+    body = "".join(f"--FSDPEKS\nContent-Type: {kind}\n\n{text}\n" for kind, text in parts)
+    return f'MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary="FSDPEKS"\n\n{body}--FSDPEKS--\n'
 
 
 def network_interfaces(
@@ -76,6 +84,8 @@ class GpuNodeGroupArgs:
     """Private subnets of the GPU AZ only."""
     cluster_security_group_id: pulumi.Input[str]
     node_role_arn: pulumi.Input[str]
+    lustre_client: bool = False
+    """Install the Lustre client at boot (the job mounts FSx for Lustre)."""
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
@@ -149,7 +159,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
                     ),
                 )
             ],
-            user_data=base64.b64encode(NODECONFIG_USER_DATA.encode()).decode(),
+            user_data=base64.b64encode(node_user_data(args.lustre_client).encode()).decode(),
             placement=(
                 aws.ec2.LaunchTemplatePlacementArgs(group_name=self.placement_group.name)
                 if self.placement_group is not None

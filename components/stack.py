@@ -64,6 +64,7 @@ def build_stack(settings: Settings) -> dict[str, object]:
                 subnet_ids=network.gpu_subnet_ids,
                 cluster_security_group_id=cluster.cluster_security_group_id,
                 node_role_arn=cluster.node_role.arn,
+                lustre_client=settings.storage.fsx,
             ),
             opts=pulumi.ResourceOptions(depends_on=[cluster]),
         )

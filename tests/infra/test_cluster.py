@@ -92,6 +92,14 @@ def test_nodeconfig_stripes_local_nvme_raid0(recording: Recording):
     assert node_config["spec"]["instance"]["localStorage"]["strategy"] == "RAID0"
 
 
+def test_gpu_nodes_can_mount_fsx_when_the_job_uses_it(recording: Recording, stack: str):
+    """The FSx CSI driver mounts with the host's Lustre client, which the AL2023 AMI lacks."""
+    message = email.message_from_bytes(base64.b64decode(recording.one(LT).inputs["userData"]))
+    scripts = [p.get_payload() for p in message.walk() if p.get_content_type() == "text/x-shellscript"]
+    uses_fsx = stack_config(stack).get("fsdp-eks:storage", {}).get("fsx", False)
+    assert any("dnf install -y lustre-client" in s for s in scripts) == uses_fsx
+
+
 def test_root_volume_is_large_and_encrypted(recording: Recording):
     ebs = recording.one(LT).inputs["blockDeviceMappings"][0]["ebs"]
     assert int(ebs["volumeSize"]) >= 200 and ebs["encrypted"] == "true"

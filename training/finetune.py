@@ -350,8 +350,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[rank {env.rank}] error: {e}", file=sys.stderr)
         return 1
     except torch.cuda.OutOfMemoryError:
-        print(f"[rank {env.rank}] " + OOM_ADVICE.format(
-            where=f" on {torch.cuda.get_device_name(env.device)}"), file=sys.stderr)
+        where = (f" on {torch.cuda.get_device_name(env.device)}" if env.device.type == "cuda"
+                 else "")
+        print(f"[rank {env.rank}] " + OOM_ADVICE.format(where=where), file=sys.stderr)
         return 1
     finally:
         if dist.is_initialized():

@@ -179,15 +179,15 @@ def load_weights(model: nn.Module, model_dir: Path) -> int:
                         continue
                     raise UserError(f"--model: weight {key} in {path.name} does not belong to "
                                     f"{type(model).__name__}; is config.json from the same model?")
-                region = _local_slices(target)
+                stored = f.get_slice(key)
+                if tuple(stored.get_shape()) != tuple(target.shape):
+                    raise UserError(f"--model: weight {key} has shape {stored.get_shape()}, "
+                                    f"the model expects {list(target.shape)}; is config.json "
+                                    "from the same model?")
                 local = target.to_local() if isinstance(target, DTensor) else target
                 if local.numel() == 0:
                     continue
-                piece = f.get_slice(key)[region]
-                if tuple(piece.shape) != tuple(local.shape):
-                    raise UserError(f"--model: weight {key} has shape "
-                                    f"{f.get_slice(key).get_shape()}, the model expects "
-                                    f"{tuple(target.shape)}")
+                piece = stored[_local_slices(target)]
                 local.copy_(piece)
                 read += piece.numel() * piece.element_size()
     missing = sorted(set(wanted) - tied)

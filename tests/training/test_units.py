@@ -1,0 +1,295 @@
+"""Fast in-process checks of the training package's parts: FLOPs, config and CLI, data
+packing and order, weight loading, the LR schedule, and the user-facing errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.training.conftest import REPO, child_env
+from training import config as C
+from training import dataset, hub, metrics, tiny
+from training.errors import UserError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# ----------------------------------------------------------------------------- FLOPs and MFU
+def test_flops_per_token_llama2_7b():
+    """Checked against DESIGN.md section 5: 46.09 GFLOP per token for Llama-2-7B at seq 4096,
+    with the parameter count taken from transformers' own LlamaForCausalLM (built on meta)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, vocab_size=32000)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    total = sum(p.numel() for p in model.parameters())
+    embedding = model.get_input_embeddings().weight.numel()
+    assert total == 6_738_415_616  # the published 6.74 B
+    flops = metrics.flops_per_token(total - embedding, 32, 4096, 4096)
+    assert round(flops / 1e9, 2) == 46.09
+
+
+def test_mfu_against_h100_peak():
+    """Checked against the definition MFU = tokens/s/GPU x FLOPs/token / peak: 3,000 tokens/s
+    per GPU at 46.09 GFLOP/token on a 989.5 TFLOP/s H100 is 13.97 %."""
+    m = metrics.step_metrics(step=1, epoch=0, loss=1.0, lr=1e-5, grad_norm=1.0, tokens=48_000,
+                             step_time_s=2.0, world_size=8, flops_token=46.09e9, peak=989.5e12,
+                             device=torch.device("cpu"))
+    assert m["perf/tokens_per_s"] == 24_000 and m["perf/tokens_per_s_per_gpu"] == 3_000
+    assert m["perf/mfu_pct"] == pytest.approx(13.97, abs=0.01)
+    assert metrics.peak_flops(torch.device("cpu")) is None
+    assert all("/" in k for k in m), "keys are namespaced"
+
+
+# ----------------------------------------------------------------------------- config and CLI
+def test_every_setting_is_documented_and_a_flag():
+    """Checked against the CLI contract: every config field has a docstring and a flag, and
+    the parser's defaults are exactly the dataclass defaults (one source of truth)."""
+    parser = C.build_parser()
+    flags = {a.dest: a.option_strings for a in parser._actions}
+    for section in C.SECTIONS.values():
+        docs = C.field_docs(section)
+        for f in dataclasses.fields(section):
+            assert docs.get(f.name), f"{section.__name__}.{f.name} has no docstring"
+            assert C.flag(f.name) in flags[f.name]
+    assert C.parse_args([]) == C.JobConfig()
+
+
+def test_contract_flags_exist():
+    """Checked against the contract other engineers rely on (the PyTorchJob's command)."""
+    help_text = C.build_parser().format_help()
+    for f in ["--model", "--dataset", "--epochs", "--max-steps", "--batch-size", "--grad-accum",
+              "--seq-len", "--lr", "--warmup-steps", "--weight-decay", "--max-grad-norm",
+              "--sharding", "--activation-checkpointing", "--compile", "--no-compile",
+              "--checkpoint-dir", "--checkpoint-every", "--keep-checkpoints", "--output-dir",
+              "--cache-dir", "--seed", "--metrics-port", "--metrics-file"]:
+        assert f in help_text, f
+    assert "--hf-token" not in help_text and "HF_TOKEN" in help_text
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--lr", "0"], "--lr"), (["--seq-len", "4"], "--seq-len"),
+    (["--batch-size", "0"], "--batch-size"), (["--metrics-port", "70000"], "--metrics-port"),
+    (["--hsdp-shard-size", "2"], "--hsdp-shard-size"), (["--keep-checkpoints", "0"],
+                                                         "--keep-checkpoints"),
+])
+def test_bad_values_name_the_flag(argv, flag, capsys):
+    """Checked against the rule 'a user mistake names the setting to change'."""
+    with pytest.raises(SystemExit) as e:
+        C.parse_args(argv)
+    assert e.value.code == 2
+    assert f"error: {flag}:" in capsys.readouterr().err
+
+
+def test_help_runs():
+    """Checked against the real entry point: `python -m training.finetune --help` exits 0."""
+    out = subprocess.run([sys.executable, "-m", "training.finetune", "--help"], cwd=REPO,
+                         env=child_env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--activation-checkpointing {none,full,selective}" in out.stdout
+
+
+# ----------------------------------------------------------------------------- data
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny.build_tokenizer()
+
+
+def test_packing_shifts_targets_and_masks_prompts(tokenizer):
+    """Checked against the definition of causal-LM packing: each target is the next input
+    token; with --mask-prompt only response tokens (and EOS) carry a loss; nothing is padded."""
+    records = [{"instruction": "Add.", "input": "1 and 2", "output": "3"},
+               {"text": "plain text trained on whole"}] * 20
+    masked = dataset.pack(records, tokenizer, 32, mask_prompt=True)
+    full = dataset.pack(records, tokenizer, 32, mask_prompt=False)
+    assert torch.equal(full.targets[:, :-1], full.inputs[:, 1:])
+    assert (full.targets != dataset.IGNORE_INDEX).all()
+    assert masked.stats["target_fraction"] < full.stats["target_fraction"] == 1.0
+    decoded = tokenizer.decode([t for t in masked.targets.flatten().tolist() if t >= 0])
+    assert "3</s>" in decoded and "Add." not in decoded and "plain text" in decoded
+    assert full.stats["tokens_cropped"] < 32 + 1
+
+
+def test_bad_records_and_missing_files_are_user_errors(tokenizer, tmp_path):
+    """Checked against the error contract: a missing dataset and records without known fields
+    each raise one message naming --dataset."""
+    with pytest.raises(UserError, match="--dataset .*no such file"):
+        dataset.load_records(C.DataConfig(dataset=str(tmp_path / "nope.jsonl")), None)
+    with pytest.raises(UserError, match="instruction and output"):
+        dataset.pack([{"question": "?"}], tokenizer, 16, True)
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps([{"text": "a b c"}]))
+    assert dataset.load_records(C.DataConfig(dataset=str(path)), None) == [{"text": "a b c"}]
+
+
+def test_parquet_dataset(tmp_path):
+    """Checked against pyarrow: a .parquet file's rows come back as records."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist([{"instruction": "i", "output": "o"}]), path)
+    assert dataset.load_records(C.DataConfig(dataset=str(path)), None) == [
+        {"instruction": "i", "output": "o"}]
+
+
+def test_order_is_independent_of_world_size():
+    """Checked against a single rank: at world 2 x batch 4 the two ranks' micro-batches
+    together are exactly world 1 x batch 8's (so a resume on another world size continues the
+    same data order), every block appears once per epoch, and epochs reshuffle."""
+    one = dataset.StepSampler(40, 1, 0, 8, 1, seed=3)
+    two = [dataset.StepSampler(40, 2, r, 4, 1, seed=3) for r in range(2)]
+    epoch, offset, seen = 0, 0, []
+    for _ in range(5):
+        (single,), e1, o1 = one.next_step(epoch, offset)
+        parts = [s.next_step(epoch, offset)[0][0] for s in two]
+        assert torch.equal(single, torch.cat(parts))
+        seen += single.tolist()
+        epoch, offset = e1, o1
+    assert sorted(seen) == list(range(40))
+    (next_epoch,), e, _ = one.next_step(epoch, offset)
+    assert e == 1 and not torch.equal(next_epoch, torch.tensor(seen[:8]))
+    assert one.remaining_steps(0, 16, epochs=2) == 3 + 5
+
+
+def test_too_little_data_for_one_batch():
+    with pytest.raises(UserError, match="fewer than one global batch"):
+        dataset.StepSampler(7, 2, 0, 4, 1, seed=0)
+
+
+# ----------------------------------------------------------------------------- model loading
+def test_meta_model_loads_the_tiny_preset_exactly(tmp_path):
+    """Checked against transformers' from_pretrained: the meta-device build + safetensors
+    slice loader gives bit-identical logits (unsharded, one process)."""
+    from transformers import AutoModelForCausalLM
+
+    from training.model import allocate, build_meta_model, load_weights
+
+    directory = tiny.materialize(tiny.directory(str(tmp_path), 1), 1)
+    ours = build_meta_model(directory)
+    allocate(ours, torch.device("cpu"))
+    load_weights(ours, directory)
+    ref = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    ids = torch.randint(3, 259, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, ref(ids).logits, rtol=0, atol=0)
+
+
+def test_weights_of_another_model_are_refused(tmp_path):
+    """Checked against the loader's contract: config.json and weights that disagree in shape
+    end with one UserError naming the weight."""
+    from training.model import allocate, build_meta_model, load_weights
+
+    directory = tiny.materialize(tiny.directory(str(tmp_path), 1), 1)
+    cfg = json.loads((directory / "config.json").read_text())
+    cfg["intermediate_size"] = 128
+    (directory / "config.json").write_text(json.dumps(cfg))
+    model = build_meta_model(directory)
+    allocate(model, torch.device("cpu"))
+    with pytest.raises(UserError, match="mlp.*has shape"):
+        load_weights(model, directory)
+
+
+# ----------------------------------------------------------------------------- schedule
+def test_warmup_then_cosine():
+    """Checked against the schedule's definition: linear warm-up to the peak, cosine down to
+    min_lr_ratio at the last step."""
+    from training.finetune import WarmupCosine
+
+    s = WarmupCosine(warmup=4, total=20, min_ratio=0.1)
+    assert [s(i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert s(4) == 1.0 and s(19) == pytest.approx(0.1)
+    assert all(s(i) >= s(i + 1) for i in range(4, 19))
+
+
+# ----------------------------------------------------------------------------- errors
+def test_gated_model_without_token(monkeypatch):
+    """Checked against huggingface_hub's GatedRepoError: one message saying to set HF_TOKEN,
+    and the token never appears in it."""
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError
+
+    def gated(*args, **kwargs):
+        error = GatedRepoError.__new__(GatedRepoError)  # skip __init__: it wants an HTTP response
+        Exception.__init__(error, "401 Client Error: access to model is restricted")
+        raise error
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", gated)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with pytest.raises(UserError, match="gated model and HF_TOKEN is not set"):
+        hub._download("meta-llama/Llama-2-7b-hf", None)
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
+    with pytest.raises(UserError, match="has no access") as e:
+        hub._download("meta-llama/Llama-2-7b-hf", None)
+    assert "hf_secret_value" not in str(e.value)
+
+
+def test_offline_download_is_a_clear_error(monkeypatch, tmp_path):
+    """Checked against the real huggingface_hub client with the Hub unreachable (offline
+    mode): one message naming --model and what to do."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import importlib
+
+    import huggingface_hub.constants
+    importlib.reload(huggingface_hub.constants)
+    try:
+        with pytest.raises(UserError, match="--model some-org/some-model: cannot download"):
+            hub._download("some-org/some-model", str(tmp_path))
+    finally:
+        monkeypatch.delenv("HF_HUB_OFFLINE")
+        importlib.reload(huggingface_hub.constants)
+
+
+def test_hsdp_world_it_cannot_split():
+    """Checked against the mesh rule world = replicas x shard group: 6 processes cannot form
+    shard groups of 4; the error names the flags to change."""
+    from training.dist import DistEnv
+    from training.parallel import build_mesh
+
+    env = DistEnv(rank=0, world_size=6, local_rank=0, local_world_size=4,
+                  device=torch.device("cpu"), slow_group=None)
+    with pytest.raises(UserError, match="cannot split 6 processes into shard groups of 4"):
+        build_mesh(C.ParallelConfig(sharding="HYBRID_SHARD"), env)
+
+
+def test_missing_dataset_cli_one_line(tmp_path):
+    """Checked against the real entry point (one process, no torchrun): a missing dataset
+    exits 1 with one error line naming --dataset and no traceback."""
+    out = subprocess.run(
+        [sys.executable, "-m", "training.finetune", "--dataset", str(tmp_path / "none.jsonl"),
+         "--cache-dir", str(tmp_path)], cwd=REPO, env=child_env(), capture_output=True,
+        text=True, timeout=120)
+    assert out.returncode == 1
+    errors = [line for line in out.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "--dataset" in errors[0] and "no such file" in errors[0]
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # pytest captures stderr
+def test_out_of_memory_message(monkeypatch, capsys):
+    """Checked against the entry point's OOM handler: a torch.cuda.OutOfMemoryError during the
+    run ends with status 1 and one message naming the four remedies."""
+    from training import finetune
+
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                 "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(k, v)
+    from tests.training.conftest import free_port
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+
+    def oom(cfg, env):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(finetune, "run", oom)
+    assert finetune.main([]) == 1
+    err = capsys.readouterr().err
+    for remedy in ("more nodes", "FULL_SHARD", "--activation-checkpointing full",
+                   "--batch-size"):
+        assert remedy in err

@@ -308,6 +308,13 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
         skip = min(10, max(1, len(history) // 5)) if len(history) > 1 else 0
         summary = {**summarize(history, skip), **description}
         jsonl.write(summary)
+        if history:
+            mfu = summary["summary/mfu_pct"]
+            log.info("done: %d steps, final loss %.4f, %s tokens/s (%s per GPU), MFU %s",
+                     summary["summary/steps"], summary["summary/final_loss"],
+                     f"{summary['summary/tokens_per_s']:,.0f}",
+                     f"{summary['summary/tokens_per_s_per_gpu']:,.0f}",
+                     "n/a (no GPU peak)" if mfu is None else f"{mfu:.1f} %")
         log.info("summary: %s", json.dumps(summary))
     return summary
 

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Local demo: fine-tune the tiny preset with 2 CPU processes through torchrun, with the same
+# entry point and flags as the PyTorchJob. Prints loss and tokens/s per step, then a summary;
+# writes checkpoints, the Hugging Face export and metrics.jsonl under OUT (default out/finetune).
+# Finishes in well under a minute on 2 cores.
+#   usage: bash training/demo.sh [OUT]      (PYTHON=... to choose the interpreter)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-out/finetune}
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+rm -rf "$OUT/checkpoints" "$OUT/model" "$OUT/metrics.jsonl"   # a fresh run, not a resume
+mkdir -p "$OUT"
+# One thread per process (2 processes on 2 cores); torchrun's shared rendezvous store breaks
+# restarts (pytorch/pytorch#135712), so the PyTorchJob sets this too.
+export OMP_NUM_THREADS=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 TOKENIZERS_PARALLELISM=false
+set -x
+"$PYTHON" -m torch.distributed.run --standalone --nproc-per-node=2 -m training.finetune \
+  --model tiny --cache-dir "$OUT/cache" \
+  --seq-len 128 --batch-size 4 --grad-accum 2 --epochs 2 --max-steps 60 \
+  --lr 3e-3 --warmup-steps 3 --sharding FULL_SHARD --activation-checkpointing selective \
+  --checkpoint-dir "$OUT/checkpoints" --checkpoint-every 20 --keep-checkpoints 2 \
+  --output-dir "$OUT/model" --export-dtype bf16 --metrics-file "$OUT/metrics.jsonl" \
+  --log-every 5

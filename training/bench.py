@@ -43,7 +43,7 @@ from training import hub, tiny  # noqa: E402
 from training.config import JobConfig, parse_args  # noqa: E402
 from training.dist import DistEnv, init_distributed  # noqa: E402
 from training.finetune import (WarmupCosine, _build_model, _build_optimizer,  # noqa: E402
-                               _parallelize, _setup_logging, set_allocator_defaults,
+                               _parallelize, _setup_logging, set_runtime_defaults,
                                train_step)
 from training.metrics import flops_per_token, peak_flops  # noqa: E402
 from training.model import init_random_, meta_model_from_config, parameter_counts  # noqa: E402
@@ -290,7 +290,7 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
         "memory_fraction": args.memory_fraction,
         "versions": _versions(env),
         "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCHINDUCTOR_CACHE_DIR",
-                                               "CUDA_VISIBLE_DEVICES")},
+                                               "CUDA_VISIBLE_DEVICES", "NCCL_MAX_CTAS")},
         "steps": {"warmup": args.bench_warmup, "timed": args.bench_steps},
         "flops_per_token": flops_token,
         "peak_flops": peak,
@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args, rest = bench_parser().parse_known_args(argv)
     cfg = parse_args(rest)
-    set_allocator_defaults()
+    set_runtime_defaults(cfg)
     timings: dict = {"imports_s": time.perf_counter() - _STARTED}
     started = time.perf_counter()
     env = init_distributed()

@@ -152,13 +152,16 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     """
     targets = torch.stack([(y != IGNORE_INDEX).sum() for _, y in micro_batches]).sum()
     targets = targets.to(torch.float64)
-    dist.all_reduce(targets)
-    targets = targets.clamp(min=1.0)
-    scale = (env.world_size / targets).float()
+    counted = dist.all_reduce(targets, async_op=True)  # waited for after the first forward
+    scale = None
     loss_sum = torch.zeros((), device=env.device)
     for i, (inputs, labels) in enumerate(micro_batches):
         model.set_requires_gradient_sync(i == len(micro_batches) - 1)
         loss = model(inputs, labels)  # summed token loss (training/loss.py)
+        if scale is None:
+            counted.wait()  # the compute stream waits; the host does not
+            targets = targets.clamp(min=1.0)
+            scale = (env.world_size / targets).float()
         (loss * scale).backward()
         loss_sum += loss.detach()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm or math.inf)
@@ -335,16 +338,26 @@ fixed-size blocks, so freed activation memory is reused across sizes. Measured o
 docs/performance.md has the run with it."""
 
 
-def set_allocator_defaults() -> None:
-    """Before CUDA initialises; an explicit PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF wins."""
+def set_runtime_defaults(cfg: JobConfig) -> None:
+    """Process-wide defaults, set before CUDA initialises; explicit environment values win.
+
+    - the allocator (ALLOCATOR_DEFAULTS);
+    - with --compile and --cache-dir: Inductor's compiled-kernel cache under the cache dir
+      (<cache-dir>/torchinductor) instead of /tmp, so a restarted worker (elastic restart, a
+      resumed job on the same node-local cache) reuses the compiled blocks instead of
+      compiling again; docs/performance.md has the time to first step cold and warm.
+    """
     if not (os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF")):
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ALLOCATOR_DEFAULTS
+    if cfg.parallel.compile and cfg.model.cache_dir:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                              str(Path(cfg.model.cache_dir).expanduser() / "torchinductor"))
 
 
 @record
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
-    set_allocator_defaults()
+    set_runtime_defaults(cfg)
     env = init_distributed()
     _setup_logging(env)
     try:

@@ -25,8 +25,9 @@ bench() {  # bench NAME LIMIT_S NPROC FLAGS...
   local now; now=$(elapsed)
   if (( now + 45 > BUDGET )); then echo "SKIP $name: budget ($now s used)" | tee -a "$LOG"; return; fi
   (( limit > BUDGET - now )) && limit=$(( BUDGET - now ))
-  echo "=== $name: $nproc GPU, limit ${limit}s: $*" | tee -a "$LOG"
-  timeout -k 15 "$limit" $PY -m torch.distributed.run --standalone --nproc-per-node "$nproc" \
+  echo "=== $name: $nproc GPU, limit ${limit}s: ${EXTRA_ENV:-} $*" | tee -a "$LOG"
+  # shellcheck disable=SC2086
+  env ${EXTRA_ENV:-} timeout -k 15 "$limit" $PY -m torch.distributed.run --standalone --nproc-per-node "$nproc" \
     -m training.bench --tag "$name" --out "$WORK/json" "$@" >>"$LOG" 2>&1
   echo "rc=$? $name at $(elapsed) s" | tee -a "$LOG"
   grep -h "tokens/s/GPU\|Error\|error" "$LOG" | tail -2
@@ -111,6 +112,36 @@ phase2() {
   THIRTEEN="--shape llama2-13b --seq-len 4096 --bench-steps 8 --bench-warmup 3"
   bench 13b-b2-selective-compile 170 2 $THIRTEEN --batch-size 2 --activation-checkpointing selective --compile
   bench 13b-b4-full-compile 170 2 $THIRTEEN --batch-size 4 --activation-checkpointing full --compile
+}
+
+phase3() {
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl >>"$LOG" 2>&1 && echo "torchao installed" | tee -a "$LOG"
+  # the chosen-by-measurement config with train_step's token count all-reduce made async
+  bench 7b-b3-none-compile-sgo 150 2 $SEVEN --batch-size 3 --activation-checkpointing none \
+    --compile --sharding SHARD_GRAD_OP
+  # float8 linears (torchao), same seed and data: compare the losses with the run above
+  EXTRA_ENV="PYTHONPATH=/tmp/site" bench 7b-b3-none-compile-sgo-fp8 170 2 $SEVEN --batch-size 3 \
+    --activation-checkpointing none --compile --sharding SHARD_GRAD_OP --fp8
+  # time to first step from a local safetensors directory (the real loading path), page cache
+  # dropped first, with a cold and then a warm compile cache under --cache-dir
+  timeout 150 $PY docs/benchmarks/make_model_dir.py llama2-7b /tmp/llama2-7b-random >>"$LOG" 2>&1
+  echo "make_model_dir rc=$? at $(elapsed) s" | tee -a "$LOG"
+  du -sh /tmp/llama2-7b-random | tee -a "$LOG"
+  unset TORCHINDUCTOR_CACHE_DIR
+  LOADED="--model /tmp/llama2-7b-random --cache-dir /tmp/ttfs-cache --seq-len 4096 --batch-size 3 \
+    --activation-checkpointing none --compile --sharding FULL_SHARD --bench-steps 3 --bench-warmup 1"
+  sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "(page cache not dropped)" | tee -a "$LOG"
+  bench 7b-load-ttfs-cold 150 2 $LOADED
+  sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null
+  bench 7b-load-ttfs-warm-compile-cache 120 2 $LOADED
+  # the p4de candidate: batch 2, FULL_SHARD (fits the fit check with HYBRID_SHARD too)
+  bench 7b-b2-none-compile 120 2 $SEVEN --batch-size 2 --activation-checkpointing none --compile
+  # fewer NCCL blocks beside the matmuls
+  EXTRA_ENV="NCCL_MAX_CTAS=8" bench 7b-b3-none-compile-sgo-ctas8 120 2 $SEVEN --batch-size 3 \
+    --activation-checkpointing none --compile --sharding SHARD_GRAD_OP
+  EXTRA_ENV="PYTHONPATH=/tmp/site" bench 7b-b3-none-compile-fp8 150 2 $SEVEN --batch-size 3 \
+    --activation-checkpointing none --compile --fp8
 }
 
 "phase$PHASE"

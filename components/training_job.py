@@ -151,6 +151,10 @@ def _env(hf_secret: str | None) -> list[dict]:
         {"name": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "value": NCCL_TRACE_PREFIX},
         {"name": "NCCL_DEBUG", "value": "INFO"},
         {"name": "HF_HOME", "value": HF_HOME},
+        # torchrun otherwise shares its rendezvous TCP store with the workers, and a restarted
+        # group can read the previous attempt's addresses (pytorch/pytorch#135712, reproduced
+        # in tests/training/test_faults.py).
+        {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
     ]
     if hf_secret is not None:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": hf_secret, "key": HF_SECRET_KEY}}})

@@ -180,6 +180,21 @@ def test_pod_lands_on_the_gpu_nodes_with_shm_and_nvme(recording: Recording, stac
     assert nvme and set(mounts.values()) >= set(nvme)
 
 
+def test_worker_environment_is_efa_ready_and_debuggable(recording: Recording):
+    """Checked against DESIGN.md (Image): fork-safe EFA, async NCCL errors, the flight recorder
+    writing to local NVMe, NCCL logs that show the provider, and no legacy EFA variables."""
+    c = container(job_of(recording))
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["FI_EFA_USE_HUGE_PAGE"] == "0"
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert env["NCCL_DEBUG"] == "INFO", "a healthy run logs 'Selected Provider is efa'"
+    assert int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0 and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    nvme_mounts = [m["mountPath"] for m in c["volumeMounts"] if m["name"] == "nvme"]
+    assert any(env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"].startswith(path + "/") for path in nvme_mounts)
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1", "restarts break with the shared store"
+    assert not {"FI_PROVIDER", "NCCL_PROTO", "FI_EFA_USE_DEVICE_RDMA", "RDMAV_FORK_SAFE"} & set(env)
+
+
 def test_command_is_torchrun_module_without_flags_the_operator_sets(recording: Recording, stack: str):
     """Checked against the operator's PET_* environment: explicit torchrun flags override it."""
     command = container(job_of(recording))["command"]

@@ -179,3 +179,19 @@ def test_existing_cluster_skips_network_and_node_rules():
     config["gpuNodes"] = {}
     settings = parse(config)
     assert not settings.creates_cluster
+
+
+def test_project_declares_the_secrets_and_the_pip_virtualenv_runtime():
+    """Checked against Pulumi's project schema: secret keys are declared `secret: true`, so the
+    CLI refuses a plain-text value; `pulumi up` installs requirements.txt into .venv."""
+    from pathlib import Path
+
+    import yaml
+
+    from components.settings import SECRET_KEYS
+
+    project = yaml.safe_load((Path(__file__).resolve().parents[2] / "Pulumi.yaml").read_text())
+    assert project["name"] == "fsdp-eks"
+    assert project["runtime"] == {"name": "python", "options": {"toolchain": "pip", "virtualenv": ".venv"}}
+    for key in SECRET_KEYS:
+        assert project["config"][key]["secret"] is True, key

@@ -112,6 +112,7 @@ def test_resume_on_other_world_size(stopped_at_n, reference, tmp_path, tiny_cach
                         "resume on 1 rank")
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # a 1-process DCP read
 def test_export_reloads_with_same_logits(reference, tiny_cache):
     """Checked against the run's final DCP checkpoint, read back independently: the exported
     directory loads with transformers' from_pretrained (and AutoTokenizer), and gives exactly

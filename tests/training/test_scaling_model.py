@@ -1,0 +1,76 @@
+"""training/scaling_model.py against hand arithmetic: FSDP's bytes per step, and the limits
+where the answer is known (one node; unlimited bandwidth; a network far too slow to hide)."""
+
+from __future__ import annotations
+
+import pytest
+
+from training.scaling_model import Cluster, collective_seconds, predict
+
+P = 6.74e9
+
+
+def cluster(nodes, gbps=3200.0, nvlink=240.0):
+    return Cluster(name="x", nodes=nodes, gpus_per_node=8, network_gbps=gbps,
+                   nvlink_busbw_gbs=nvlink, net_efficiency=1.0)
+
+
+def test_full_shard_moves_8_bytes_per_parameter_per_gpu():
+    """Two bf16 all-gathers (2 x 2P) and one fp32 reduce-scatter (4P), x (N-1)/N, at the
+    node's network bandwidth (400 GB/s for 3200 Gbps; NVLink faster here)."""
+    fwd, bwd = collective_seconds(P, "FULL_SHARD", cluster(16, nvlink=1000.0))
+    assert fwd + bwd == pytest.approx(8 * P * 127 / 128 / 400e9)
+    assert bwd == pytest.approx(3 * fwd)  # all-gather 2P + reduce-scatter 4P vs 2P
+
+
+def test_hybrid_shard_halves_network_bytes_on_two_nodes_only():
+    """HSDP's cross-node all-reduce of fp32 shards is 2 x 4P x (M-1)/M: half of FULL_SHARD's
+    8P x (N-1)/N at M = 2 nodes, about the same at 16."""
+    inf = 1e12  # NVLink out of the picture
+    def net(strategy, nodes):
+        f, b = collective_seconds(P, strategy, cluster(nodes, nvlink=inf))
+        return f + b
+    assert net("HYBRID_SHARD", 2) / net("FULL_SHARD", 2) == pytest.approx(4 / 7.5, rel=1e-3)
+    assert net("HYBRID_SHARD", 16) / net("FULL_SHARD", 16) == pytest.approx(7.5 / 7.9375,
+                                                                           rel=1e-3)
+
+
+def test_one_node_predicts_the_measured_step():
+    """Measured on all 8 GPUs of one node: one node predicts exactly that step, for either
+    contention basis."""
+    for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD"):
+        for per in ("seconds", "bytes"):
+            p = predict(params=P, measured_step_s=1.0, measured_gpus=8, strategy=strategy,
+                        cluster=cluster(1), contention_per=per)
+            assert p.step_s == pytest.approx(1.0) and p.efficiency == pytest.approx(1.0)
+
+
+def test_unlimited_bandwidth_scales_perfectly():
+    p = predict(params=P, measured_step_s=1.0, measured_gpus=2, strategy="FULL_SHARD",
+                cluster=cluster(16, gbps=1e15, nvlink=1e12))
+    assert p.efficiency == pytest.approx(1.0, abs=1e-6)
+
+
+def test_slow_network_exposes_the_excess():
+    """Backward's 6P bytes over 10 GB/s take 4 s against 2/3 s of backward compute: with
+    overlap 1 and no contention, the step grows by exactly the excess of each phase."""
+    c = Cluster(name="slow", nodes=16, gpus_per_node=8, network_gbps=80.0,
+                nvlink_busbw_gbs=1e12, net_efficiency=1.0)
+    p = predict(params=P, measured_step_s=1.0, measured_gpus=8, strategy="FULL_SHARD",
+                cluster=c, overlap=1.0, contention=0.0)
+    fwd, bwd = collective_seconds(P, "FULL_SHARD", c)
+    assert p.step_s == pytest.approx(1.0 + (fwd - 1 / 3) + (bwd - 2 / 3))
+    assert p.efficiency < 0.25
+
+
+def test_calibration_point_reproduced():
+    """The contention constant's own calibration: 2 GPUs, 8P x 1/2 bytes at 240 GB/s, all
+    hidden under a 1.2 s step, cost 0.6 x that time."""
+    two = Cluster(name="2gpu", nodes=1, gpus_per_node=2, network_gbps=0.0,
+                  nvlink_busbw_gbs=240.0)
+    fwd, bwd = collective_seconds(P, "FULL_SHARD", two)
+    assert fwd + bwd == pytest.approx(8 * P / 2 / 240e9)
+    p = predict(params=P, measured_step_s=1.244, measured_gpus=2, strategy="FULL_SHARD",
+                cluster=two)
+    assert p.step_s == pytest.approx(1.244)
+    assert p.contention_s == pytest.approx(0.6 * (fwd + bwd))

@@ -22,13 +22,15 @@ REQUIRED = ("date", "model", "seq_len", "batch", "gpus", "gpu_name", "precision"
 
 @pytest.fixture
 def world_of_one(monkeypatch):
-    """init_distributed's own world of one, its variables removed again afterwards."""
+    """init_distributed's own world of one; its variables (and the allocator default the
+    benchmark sets) removed again afterwards."""
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    had_alloc_conf = "PYTORCH_CUDA_ALLOC_CONF" in os.environ
     yield
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                "MASTER_PORT"):
+                "MASTER_PORT") + (() if had_alloc_conf else ("PYTORCH_CUDA_ALLOC_CONF",)):
         os.environ.pop(key, None)
 
 

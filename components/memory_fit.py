@@ -17,7 +17,10 @@ key/value width, V vocabulary, s sequence length, b per-GPU batch, S the shard g
   s x s scores): one layer stores ``2 x (6h + 2h_kv + 4i)`` bytes per token. ``none`` keeps every
   layer's; ``full`` keeps each layer's input (2h bytes per token) plus, during backward, one
   layer recomputed and its gradients (2 x one layer); ``selective`` (every second layer, as the
-  training package does) keeps half the layers whole and the other half as inputs.
+  training package does) keeps half the layers whole and the other half as inputs. With
+  ``torch.compile`` the fused elementwise kernels store less: the stored layers are scaled by
+  ``COMPILED_ACTIVATION_FACTOR``, measured (docs/performance.md: 127 KB instead of 153.6 KB per
+  token per layer, Llama-2-7B shape, seq 4096, batch 2-4, torch 2.11, 2 x H200).
 - **Logits**: fp32 logits and their gradient, ``8 x b x s x V``.
 - **Overhead**: 4 GiB for the CUDA context, NCCL's buffers and allocator fragmentation.
 
@@ -38,6 +41,8 @@ GIB = 1024**3
 STATE_BYTES_PER_PARAM = 16
 OVERHEAD_GIB = 4.0
 BUDGET_FRACTION = 0.9
+COMPILED_ACTIVATION_FACTOR = 127.0 / 153.6
+"""Measured activations of a compiled Llama block over this module's eager formula."""
 MAX_SUGGESTED_NODES = 64
 TINY_MODEL = "tiny"
 """The training package's offline 2-layer model: nothing to check."""
@@ -157,6 +162,7 @@ def estimate(
     batch_size: int,
     seq_len: int,
     activation_checkpointing: str,
+    compile: bool = False,
 ) -> MemoryEstimate:
     """Per-GPU memory of a configuration (the formula of the module docstring)."""
     p = shape.parameters
@@ -169,6 +175,8 @@ def estimate(
         working = 2 * p + 2 * shape.largest_unit
     tokens = batch_size * seq_len
     per_layer = 2 * (6 * shape.hidden + 2 * shape.kv_width + 4 * shape.intermediate) * tokens
+    if compile:
+        per_layer *= COMPILED_ACTIVATION_FACTOR
     layer_input = 2 * shape.hidden * tokens
     if activation_checkpointing == "none":
         activations = shape.layers * per_layer
@@ -208,6 +216,7 @@ def _job_estimate(shape: ModelShape, job: JobSettings, profile: HardwareProfile,
         "batch_size": job.batch_size,
         "seq_len": job.seq_len,
         "activation_checkpointing": job.activation_checkpointing,
+        "compile": job.compile,
     }
     params.update(changes)
     return estimate(shape, **params)

@@ -338,7 +338,7 @@ def _parse_dataclass(raw: Any, cls: type, key: str, problems: list[Problem]) -> 
     kwargs: dict[str, Any] = {}
     for raw_key, value in raw.items():
         name = _snake(raw_key)
-        if name not in fields:
+        if name not in fields or _camel(name) != raw_key:  # exact spelling only
             known = ", ".join(_camel(f) for f in fields)
             problems.append(Problem(f"{key}.{raw_key}", value, f"unknown key; known: {known}"))
             continue
@@ -384,8 +384,9 @@ def parse_settings(
         key: _parse_dataclass(raw.get(key, {}), cls, key, problems)
         for key, cls in SECTIONS.items()
     }
-    if problems:
-        # Validation rules need well-typed settings: report what parsing found first.
+    if profile is None or any(section is None for section in sections.values()):
+        # The rules need a profile and every section; without them, report what parsing found.
+        # (A value of the wrong type or an unknown key is left out, so the rules still run.)
         raise SettingsError(stack, problems)
     settings = Settings(
         project=project,

@@ -164,11 +164,13 @@ def test_every_problem_is_listed_at_once():
     config["cluster"]["kubernetesVersion"] = "1.20"
     config["gpuNodes"]["availabilityZone"] = "eu-west-1a"
     del config["gpuNodes"]["capacityReservationId"]
+    config["gpuNodes"]["rootVolumeGib"] = 300  # misspelt key
+    config["job"]["epochs"] = "one"  # wrong type
     with pytest.raises(SettingsError) as info:
         parse(config)
     keys = {p.key for p in info.value.problems}
     assert {"network.vpcCidr", "cluster.kubernetesVersion", "gpuNodes.availabilityZone",
-            "gpuNodes.capacityReservationId"} <= keys
+            "gpuNodes.capacityReservationId", "gpuNodes.rootVolumeGib", "job.epochs"} <= keys
 
 
 def test_existing_cluster_skips_network_and_node_rules():

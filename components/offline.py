@@ -226,6 +226,9 @@ def kubernetes_objects(recording: Recording) -> list[dict[str, Any]]:
 def _summary(r: Registration) -> str:
     """Key settings of a resource: its scalar inputs, and the size of its lists."""
     parts = []
+    meta = r.inputs.get("metadata")
+    if isinstance(meta, dict) and "name" in meta:  # a Kubernetes object: where it lives
+        parts.append(f"{meta.get('namespace', '')}/{meta['name']}".lstrip("/"))
     for key, value in sorted(masked(r.inputs).items()):
         if isinstance(value, (str, int, bool)) and len(str(value)) <= 80 and key not in ("__self__",):
             parts.append(f"{key}={value}")

@@ -13,23 +13,14 @@ import sys
 
 import torch
 import torch.distributed as dist
+from h200_calibrate import timed as calibrate_timed  # same folder: on sys.path when run as a script
 
 LAYER = 202_383_360  # 4 h^2 + 3 h i for h 4096, i 11008
 
 
 def timed(fn, reps=20, warm=5):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
+    """Median seconds of ``fn`` (the timing loop of h200_calibrate, beside this script)."""
+    return statistics.median(calibrate_timed(fn, reps, warm))
 
 
 def main():

@@ -16,7 +16,7 @@ import yaml
 
 from components import versions
 from components.hardware import PROFILES
-from tests.harness import Recording, run_program, stack_config
+from tests.harness import Recording, run_program, stack_config, tolerates
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
@@ -31,14 +31,6 @@ def gpu_settings(stack: str) -> dict:
     return stack_config(stack)["fsdp-eks:gpuNodes"]
 
 
-def tolerates(tolerations: list[dict], taint: dict) -> bool:
-    """Kubernetes' toleration matching, for NoSchedule taints."""
-    for t in tolerations:
-        key_ok = t.get("key") in (None, taint["key"]) if t.get("operator") == "Exists" else (
-            t.get("key") == taint["key"] and t.get("value") == taint["value"])
-        if key_ok and t.get("effect") in (None, "", taint["effect"]):
-            return True
-    return False
 
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}

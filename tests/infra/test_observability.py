@@ -26,7 +26,7 @@ from components.observability import (
     load_rule_groups,
 )
 from components.settings import SettingsError
-from tests.harness import DUMMY_SECRETS, Recording, Registration, run_program, stack_config
+from tests.harness import DUMMY_SECRETS, Recording, Registration, run_program, stack_config, tolerates
 
 HELM = "kubernetes:helm.sh/v3:Release"
 ADDON = "aws:eks/addon:Addon"
@@ -131,11 +131,6 @@ def pod_identity(recording: Recording, namespace: str, account: str) -> tuple[Re
     return assoc, role, attachment.inputs["policyArn"]
 
 
-def tolerates(tolerations: list[dict], taint: dict) -> bool:
-    return any(
-        t.get("key") == taint["key"] and t.get("operator") == "Exists" and t.get("effect") in (None, taint["effect"])
-        for t in tolerations
-    )
 
 
 def requires_gpu_node(affinity: dict) -> bool:

@@ -21,7 +21,7 @@ from components.cluster import SYSTEM_NODE_LABEL
 from components.gpu_nodes import GPU_TAINT
 from components.settings import Secrets, SettingsError, parse_settings
 from components.training_job import APP_UID
-from tests.harness import Recording, Registration, run_program, stack_config
+from tests.harness import Recording, Registration, run_program, stack_config, tolerates
 from tests.infra.test_workload import container, job_of, parse_flags, plain, worker
 
 FSX = "aws:fsx/lustreFileSystem:LustreFileSystem"
@@ -81,14 +81,6 @@ def opens(rules: list[dict], lo: int, hi: int, *, self_: bool, group: str) -> bo
     )
 
 
-def tolerates(tolerations: list[dict], taint: dict) -> bool:
-    """Kubernetes' matching of a NoSchedule taint by a toleration list."""
-    for t in tolerations:
-        key_ok = t.get("key") in (None, taint["key"]) if t.get("operator") == "Exists" else (
-            t.get("key") == taint["key"] and t.get("value") == taint["value"])
-        if key_ok and t.get("effect") in (None, "", taint["effect"]):
-            return True
-    return False
 
 
 def shared_mount(rec: Recording) -> str:

@@ -291,8 +291,10 @@ UNITS = {"gib": "GiB", "tib": "TiB"}
 
 
 def _snake(name: str) -> str:
-    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower().replace("gi_b", "gib")
-    return re.sub(r"ti_b(?=_|$)", "tib", snake)
+    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+    for unit in UNITS:  # "GiB" splits into "gi_b": join it back
+        snake = re.sub(rf"{unit[:2]}_{unit[2:]}(?=_|$)", unit, snake)
+    return snake
 
 
 def _camel(name: str) -> str:
@@ -310,6 +312,7 @@ def _coerce(value: Any, hint: Any, key: str, problems: list[Problem]) -> Any:
         allowed = typing.get_args(hint)
         if value not in allowed:
             problems.append(Problem(key, value, f"use one of {', '.join(map(str, allowed))}"))
+            return None
         return value
     if origin is tuple:
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
@@ -332,7 +335,7 @@ def _parse_dataclass(raw: Any, cls: type, key: str, problems: list[Problem]) -> 
     """Build ``cls`` from a camelCase mapping; unknown keys and wrong types become problems."""
     if not isinstance(raw, Mapping):
         problems.append(Problem(key, raw, f"must be an object with keys of {cls.__name__}"))
-        return cls()
+        return None
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}

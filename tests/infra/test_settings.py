@@ -145,6 +145,20 @@ def test_wrong_type_is_named():
     assert "gpuNodes.maxSize = 'two': must be a int" in errors(config)
 
 
+@pytest.mark.parametrize("section, key, value, fix", [
+    ("job", "sharding", "ZERO3", "use one of FULL_SHARD"),
+    ("cluster", "systemNodes", 3, "must be an object"),
+])
+def test_bad_value_is_reported_not_crashed_on(section, key, value, fix):
+    """A value the rules cannot use is named and left out; the other rules still run."""
+    config = raw("p5")
+    config[section][key] = value
+    config["gpuNodes"]["availabilityZone"] = "us-west-2d"
+    message = errors(config)
+    assert f"{section}.{key} = {value!r}: {fix}" in message
+    assert "gpuNodes.availabilityZone = 'us-west-2d'" in message
+
+
 def test_job_needs_the_nodes_it_asks_for():
     config = raw("p5")
     config["job"]["nodes"] = 3

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 from components.observability import RULES_FILE, load_rule_groups

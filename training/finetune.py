@@ -34,8 +34,8 @@ from training.export import export_hf
 from training.loss import install_loss_forward
 from training.metrics import (JsonLines, flops_per_token, peak_flops, step_metrics,
                               summarize)
-from training.model import (allocate, build_meta_model, decoder_layers, load_weights,
-                            parameter_counts, set_sdpa_backend)
+from training.model import (allocate, build_meta_model, load_weights, parameter_counts,
+                            set_sdpa_backend)
 from training.parallel import DTYPES, build_mesh, compute_dtype, parallelize
 from training.prometheus import NoMetrics, TrainingMetrics
 

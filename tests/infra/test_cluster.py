@@ -11,7 +11,6 @@ import base64
 import copy
 import email
 
-import pytest
 import yaml
 
 from components import versions

@@ -8,7 +8,6 @@ AdamW states.
 
 from __future__ import annotations
 
-import copy
 import re
 
 import pytest
@@ -16,18 +15,15 @@ import pytest
 from components import memory_fit
 from components.hardware import PROFILES
 from components.memory_fit import KNOWN_MODELS, estimate, model_shape
-from components.settings import Secrets, SettingsError, parse_settings
-from tests.harness import stack_config
+from tests.harness import parse, raw_settings, settings_error
 
-SECRETS = Secrets(hf_token="hf_x", grafana_admin_password="pw")
 CONSERVATIVE = {"activationCheckpointing": "full", "batchSize": 1}
 """The issue's 70B cases are about model state: fixed here, whatever the stack files' defaults."""
 
 
 def raw(stack: str, nodes: int | None = None, **job) -> dict:
     """A stack file's fsdp-eks keys with the job (and, for nodes, the node group) changed."""
-    config = {k.split(":", 1)[1]: copy.deepcopy(v) for k, v in stack_config(stack).items()
-              if k.startswith("fsdp-eks:") and k not in ("fsdp-eks:hfToken", "fsdp-eks:grafanaAdminPassword")}
+    config = raw_settings(stack)
     if nodes is not None:
         config["job"]["nodes"] = nodes
         config["gpuNodes"].update(desiredSize=nodes, maxSize=max(nodes, config["gpuNodes"]["maxSize"]))
@@ -35,14 +31,8 @@ def raw(stack: str, nodes: int | None = None, **job) -> dict:
     return config
 
 
-def parse(config: dict):
-    return parse_settings(config, project="fsdp-eks", stack="test", region="us-west-2", secrets=SECRETS)
-
-
 def refusal(config: dict) -> str:
-    with pytest.raises(SettingsError) as info:
-        parse(config)
-    return str(info.value)
+    return str(settings_error(config))
 
 
 def test_llama2_7b_fits_on_two_p5_full_shard():

@@ -7,35 +7,16 @@ asserts that the error names the key a user has to change. Checked against: the 
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
 from components import versions
-from components.settings import Secrets, SettingsError, parse_settings
-from tests.harness import stack_config
-
-SECRETS = Secrets(hf_token="hf_x", grafana_admin_password="pw")
-
-
-def raw(stack: str) -> dict:
-    """The fsdp-eks keys of a stack file, without namespace, secrets removed."""
-    config = stack_config(stack)
-    return {
-        k.split(":", 1)[1]: copy.deepcopy(v)
-        for k, v in config.items()
-        if k.startswith("fsdp-eks:") and k not in ("fsdp-eks:hfToken", "fsdp-eks:grafanaAdminPassword")
-    }
-
-
-def parse(config: dict, secrets: Secrets = SECRETS):
-    return parse_settings(config, project="fsdp-eks", stack="test", region="us-west-2", secrets=secrets)
+from components.settings import Secrets, SettingsError
+from tests.harness import SECRETS, parse, settings_error
+from tests.harness import raw_settings as raw
 
 
 def errors(config: dict, secrets: Secrets = SECRETS) -> str:
-    with pytest.raises(SettingsError) as info:
-        parse(config, secrets)
-    return str(info.value)
+    return str(settings_error(config, secrets))
 
 
 @pytest.mark.parametrize("stack", ["p5", "p4de"])

@@ -19,9 +19,9 @@ import pytest
 from components import versions
 from components.cluster import SYSTEM_NODE_LABEL
 from components.gpu_nodes import GPU_TAINT
-from components.settings import Secrets, SettingsError, parse_settings
 from components.training_job import APP_UID
-from tests.harness import Recording, Registration, run_program, stack_config, tolerates
+from tests.harness import (Recording, Registration, parse, raw_settings, run_program, settings_error, stack_config,
+                           tolerates)
 from tests.infra.test_workload import container, job_of, parse_flags, plain, worker
 
 FSX = "aws:fsx/lustreFileSystem:LustreFileSystem"
@@ -38,7 +38,6 @@ CLUSTER_SG = "sg-eks-cluster"
 LUSTRE_PORTS = [(988, 988), (1018, 1023)]
 """FSx for Lustre user guide: the LNET ports, inbound from the file system's own group and the clients'."""
 PERSISTENT_2_THROUGHPUTS = {125, 250, 500, 1000}
-SECRETS = Secrets(hf_token="hf_x", grafana_admin_password="pw")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -91,22 +90,15 @@ def shared_mount(rec: Recording) -> str:
     return path
 
 
-def parse(config: dict):
-    return parse_settings(config, project="fsdp-eks", stack="test", region="us-west-2", secrets=SECRETS)
-
-
 def raw(stack: str, **storage) -> dict:
     """The fsdp-eks keys of a stack file without namespace or secrets, ``storage`` changed."""
-    config = {k.split(":", 1)[1]: copy.deepcopy(v) for k, v in stack_config(stack).items()
-              if k.startswith("fsdp-eks:") and k not in ("fsdp-eks:hfToken", "fsdp-eks:grafanaAdminPassword")}
+    config = raw_settings(stack)
     config["storage"] = {**config.get("storage", {}), **storage}
     return config
 
 
 def problems(config: dict) -> dict[str, str]:
-    with pytest.raises(SettingsError) as info:
-        parse(config)
-    return {p.key: str(p) for p in info.value.problems}
+    return {p.key: str(p) for p in settings_error(config).problems}
 
 
 # --------------------------------------------------------------------------- both stacks: AWS

@@ -59,6 +59,10 @@ class EksCluster(pulumi.ComponentResource):
             opts=after_cluster,
         )
         self.system_nodes = self._system_nodes(name, args, after_cluster)
+        self.ready: list[pulumi.Resource] = [self.pod_identity_agent, self.system_nodes]
+        """What in-cluster workloads wait for: nodes to run on and Pod Identity credentials."""
+        self.system_node_selector = SYSTEM_NODE_LABEL
+        """Node selector of etcd, the operator and monitoring: our system nodes carry it."""
         self.cluster_security_group_id = self.eks.cluster_security_group_id
         self.kubeconfig = pulumi.Output.secret(self.eks.kubeconfig_json)
         self.provider = k8s.Provider(
@@ -179,6 +183,10 @@ class ExistingCluster(pulumi.ComponentResource):
     def __init__(self, name: str, args: ExistingClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("fsdp-eks:cluster:ExistingCluster", name, None, opts)
         self.cluster_name = args.name
+        self.ready: list[pulumi.Resource] = []
+        """Its nodes and add-ons exist already."""
+        self.system_node_selector: dict[str, str] = {}
+        """Its nodes do not carry our system label: no selector."""
         found = aws.eks.get_cluster_output(name=args.name, opts=pulumi.InvokeOutputOptions(parent=self))
         self.kubeconfig = pulumi.Output.secret(
             pulumi.Output.all(found.endpoint, found.certificate_authorities[0].data).apply(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pulumi
 
-from components.cluster import SYSTEM_NODE_LABEL, EksCluster, EksClusterArgs, ExistingCluster, ExistingClusterArgs
+from components.cluster import EksCluster, EksClusterArgs, ExistingCluster, ExistingClusterArgs
 from components.device_plugins import DevicePlugins, DevicePluginsArgs
 from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
 from components.network import Network, NetworkArgs
@@ -81,7 +81,7 @@ def build_stack(settings: Settings) -> dict[str, object]:
                     gpu_subnet_ids=network.gpu_subnet_ids,
                     cluster_security_group_id=cluster.cluster_security_group_id,
                     provider=cluster.provider,
-                    ready=[cluster.pod_identity_agent, cluster.system_nodes],
+                    ready=cluster.ready,
                 ),
             )
             shared = storage.claim
@@ -107,7 +107,7 @@ def build_stack(settings: Settings) -> dict[str, object]:
                     if settings.creates_cluster
                     else None
                 ),
-                ready=[cluster.pod_identity_agent, cluster.system_nodes] if settings.creates_cluster else [],
+                ready=cluster.ready,
             ),
         )
         outputs["grafana_command"] = observability.grafana_port_forward_command
@@ -138,8 +138,7 @@ def _training(
             image=image.ref,
             provider=cluster.provider,
             hf_token=settings.secrets.hf_token,
-            # Our system nodes carry the label; an existing cluster's nodes may not.
-            system_node_selector=SYSTEM_NODE_LABEL if settings.creates_cluster else {},
+            system_node_selector=cluster.system_node_selector,
             operator=[operator],
             monitoring=monitoring,
             shared=shared,

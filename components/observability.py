@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,6 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from components import versions
-from components.cluster import SYSTEM_NODE_LABEL
 from components.dashboards import gpu_training
 from components.gpu_nodes import GPU_LABELS, GPU_TOLERATION, require_node_label
 from components.helm import helm_release
@@ -114,9 +113,11 @@ def dcgm_exported_metrics() -> dict[str, str]:
     return {row[0].strip(): row[1].strip() for row in csv.reader(lines)}
 
 
-def kube_prometheus_stack_values(*, retention: str, storage_gib: int, storage_class: str) -> dict[str, Any]:
+def kube_prometheus_stack_values(
+    *, retention: str, storage_gib: int, storage_class: str, system_node_selector: Mapping[str, str]
+) -> dict[str, Any]:
     """Helm values of kube-prometheus-stack; no secret in here (the password is a Secret)."""
-    on_system = {"nodeSelector": dict(SYSTEM_NODE_LABEL)}
+    on_system = {"nodeSelector": dict(system_node_selector)}
     return {
         "fullnameOverride": KPS_FULLNAME,
         # EKS runs the control plane and binds kube-proxy's metrics to localhost: scraping them
@@ -269,6 +270,8 @@ class ObservabilityArgs:
     provider: k8s.Provider
     grafana_admin_password: pulumi.Input[str]
     """The ``grafanaAdminPassword`` Pulumi secret."""
+    system_node_selector: Mapping[str, str]
+    """Where Prometheus, Grafana and the operator run: the cluster's system nodes."""
     eks: EksAddonTarget | None = None
     """None on an existing cluster: its EBS CSI driver is assumed, no add-on is created."""
     ready: Sequence[pulumi.Resource] = field(default_factory=tuple)
@@ -297,6 +300,7 @@ class Observability(pulumi.ComponentResource):
                 retention=s.prometheus_retention,
                 storage_gib=s.prometheus_storage_gib,
                 storage_class=self.storage_class_name(args),
+                system_node_selector=args.system_node_selector,
             ),
             self._in_cluster(
                 args,

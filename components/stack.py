@@ -101,6 +101,7 @@ def build_stack(settings: Settings) -> dict[str, object]:
                 settings=settings.observability,
                 provider=cluster.provider,
                 grafana_admin_password=settings.secrets.grafana_admin_password,
+                system_node_selector=cluster.system_node_selector,
                 eks=(
                     EksAddonTarget(cluster_name=cluster.cluster_name,
                                    kubernetes_version=settings.cluster.kubernetes_version)

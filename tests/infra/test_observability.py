@@ -326,6 +326,9 @@ def test_existing_cluster_gets_no_aws_resources_but_the_same_monitoring():
     release(recording, versions.DCGM_EXPORTER)
     assert recording.of_type("kubernetes:storage.k8s.io/v1:StorageClass")
     assert "grafana_command" in recording.exports
+    values = release(recording, versions.KUBE_PROMETHEUS_STACK).inputs["values"]
+    assert values["prometheus"]["prometheusSpec"]["nodeSelector"] == {}, (
+        "an existing cluster's nodes lack our system label: Prometheus would never schedule")
 
 
 def test_cloudwatch_on_an_existing_cluster_is_refused():

@@ -83,7 +83,6 @@ class Network(pulumi.ComponentResource):
 
     def _create(self, name: str, args: NetworkArgs) -> None:
         child = pulumi.ResourceOptions(parent=self)
-        cluster_tag = {f"kubernetes.io/cluster/{args.name}": "shared"}
         vpc = aws.ec2.Vpc(
             f"{name}-vpc",
             cidr_block=args.settings.vpc_cidr,
@@ -103,18 +102,7 @@ class Network(pulumi.ComponentResource):
         private_route_tables, private, public, gpu = [], [], [], []
         for plan in plan_subnets(args.settings.vpc_cidr, args.settings.availability_zones):
             az = plan.availability_zone
-            pub = aws.ec2.Subnet(
-                f"{name}-public-{az}",
-                vpc_id=vpc.id,
-                cidr_block=plan.public_cidr,
-                availability_zone=az,
-                map_public_ip_on_launch=True,
-                tags={"Name": f"{args.name}-public-{az}", "kubernetes.io/role/elb": "1", **cluster_tag},
-                opts=child,
-            )
-            aws.ec2.RouteTableAssociation(
-                f"{name}-public-{az}", subnet_id=pub.id, route_table_id=public_rt.id, opts=child
-            )
+            pub = self._subnet(name, args, vpc, "public", az, plan.public_cidr, public_rt)
             eip = aws.ec2.Eip(f"{name}-nat-{az}", domain="vpc", tags={"Name": f"{args.name}-nat-{az}"}, opts=child)
             # One NAT per AZ: image pulls and dataset downloads of the GPU nodes stay in their AZ.
             nat = aws.ec2.NatGateway(
@@ -124,14 +112,6 @@ class Network(pulumi.ComponentResource):
                 tags={"Name": f"{args.name}-{az}"},
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[igw]),
             )
-            priv = aws.ec2.Subnet(
-                f"{name}-private-{az}",
-                vpc_id=vpc.id,
-                cidr_block=plan.private_cidr,
-                availability_zone=az,
-                tags={"Name": f"{args.name}-private-{az}", "kubernetes.io/role/internal-elb": "1", **cluster_tag},
-                opts=child,
-            )
             rt = aws.ec2.RouteTable(
                 f"{name}-private-{az}",
                 vpc_id=vpc.id,
@@ -139,7 +119,7 @@ class Network(pulumi.ComponentResource):
                 tags={"Name": f"{args.name}-private-{az}"},
                 opts=child,
             )
-            aws.ec2.RouteTableAssociation(f"{name}-private-{az}", subnet_id=priv.id, route_table_id=rt.id, opts=child)
+            priv = self._subnet(name, args, vpc, "private", az, plan.private_cidr, rt)
             private_route_tables.append(rt)
             private.append(priv.id)
             public.append(pub.id)
@@ -158,3 +138,23 @@ class Network(pulumi.ComponentResource):
         self.private_subnet_ids = pulumi.Output.all(*private)
         self.public_subnet_ids = pulumi.Output.all(*public)
         self.gpu_subnet_ids = pulumi.Output.all(*gpu)
+
+    def _subnet(
+        self, name: str, args: NetworkArgs, vpc: aws.ec2.Vpc, kind: str, az: str, cidr: str,
+        route_table: aws.ec2.RouteTable,
+    ) -> aws.ec2.Subnet:
+        """A public or private subnet of one AZ, tagged for EKS, with its route table."""
+        child = pulumi.ResourceOptions(parent=self)
+        # Load balancers: internet-facing ones go to `elb` subnets, internal ones to `internal-elb`.
+        role = {"public": "kubernetes.io/role/elb", "private": "kubernetes.io/role/internal-elb"}[kind]
+        subnet = aws.ec2.Subnet(
+            f"{name}-{kind}-{az}",
+            vpc_id=vpc.id,
+            cidr_block=cidr,
+            availability_zone=az,
+            map_public_ip_on_launch=kind == "public" or None,
+            tags={"Name": f"{args.name}-{kind}-{az}", role: "1", f"kubernetes.io/cluster/{args.name}": "shared"},
+            opts=child,
+        )
+        aws.ec2.RouteTableAssociation(f"{name}-{kind}-{az}", subnet_id=subnet.id, route_table_id=route_table.id, opts=child)
+        return subnet

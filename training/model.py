@@ -83,14 +83,17 @@ def set_sdpa_backend(name: str, device: torch.device) -> None:
 @torch.no_grad()
 def init_random_(model: nn.Module, seed: int, std: float = 0.02) -> None:
     """Random weights for an allocated (sharded) model, as Llama initialises them: matrices
-    N(0, std), norm weights 1. Each rank fills its own shard from its own stream (benchmarks)."""
+    N(0, std), norm weights 1. Each rank fills its own shards from one stream of its own, drawn
+    on in parameter order (benchmarks)."""
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    for name, param in model.named_parameters():
-        local = param.to_local() if isinstance(param, DTensor) else param
+    shards = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
+    if not shards:
+        return
+    gen = torch.Generator(device=shards[0].device).manual_seed(seed * 100003 + rank)
+    for local in shards:
         if local.numel() == 0:
             continue
         if local.ndim >= 2:
-            gen = torch.Generator(device=local.device).manual_seed(seed * 100003 + rank)
             local.normal_(0.0, std, generator=gen)
         else:
             local.fill_(1.0)

@@ -197,6 +197,31 @@ def test_weights_of_another_model_are_refused(tmp_path):
         load_weights(model, directory)
 
 
+def test_random_init_draws_every_matrix_afresh():
+    """Checked against the definition of a random init: with one seed, different weight
+    matrices of the same shape get different values (not one stream restarted per matrix),
+    norm weights are 1, and the same seed repeats the same weights."""
+    from transformers import LlamaConfig
+
+    from training.model import allocate, init_random_, meta_model_from_config
+
+    def initialised(seed):
+        model = meta_model_from_config(LlamaConfig(**tiny.LLAMA_KWARGS))
+        allocate(model, torch.device("cpu"))
+        init_random_(model, seed)
+        return model
+
+    model = initialised(3)
+    first, second = (layer.self_attn for layer in model.model.layers)
+    assert first.q_proj.weight.shape == second.q_proj.weight.shape
+    assert not torch.equal(first.q_proj.weight, second.q_proj.weight)
+    assert not torch.equal(first.k_proj.weight, first.v_proj.weight)
+    assert float(first.q_proj.weight.std()) == pytest.approx(0.02, rel=0.1)
+    assert (model.model.norm.weight == 1).all()
+    assert torch.equal(initialised(3).model.layers[1].self_attn.q_proj.weight,
+                       second.q_proj.weight)
+
+
 # ----------------------------------------------------------------------------- schedule
 def test_warmup_then_cosine():
     """Checked against the schedule's definition: linear warm-up to the peak, cosine down to

@@ -267,7 +267,6 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
                    file=sys.stderr, disable=not (env.is_main and sys.stderr.isatty()))
         stack.callback(bar.close)
         history: list[dict] = []
-        saved_step = state.step if latest else -1
         delay = float(os.environ.get(TEST_STEP_DELAY_ENV, "0"))
         exit_after = int(os.environ.get(TEST_EXIT_AFTER_STEP_ENV, "0"))
 
@@ -293,7 +292,6 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
             every = cfg.checkpoint.checkpoint_every
             if ckpt and ((every and step % every == 0) or step == total):
                 ckpt.save(step, model, optimizer, state, {"config": cfg.to_dict()})
-                saved_step = step
                 prom.observe_checkpoint()
             if delay:
                 time.sleep(delay)
@@ -302,9 +300,6 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
                             step)
                 return {}
 
-        if ckpt and saved_step != state.step:  # nothing ran (already finished): keep it saved
-            ckpt.save(state.step, model, optimizer, state, {"config": cfg.to_dict()})
-            prom.observe_checkpoint()
         if cfg.checkpoint.output_dir:
             export_hf(model, tokenizer, cfg.checkpoint.output_dir,
                       DTYPES[cfg.checkpoint.export_dtype], env)

@@ -9,6 +9,7 @@ Operator"), the profile table (components/hardware.py) and the training package'
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 from pathlib import Path
@@ -58,7 +59,9 @@ def plain(value):
     return value
 
 
+@functools.cache
 def crd_schema() -> dict:
+    """The v1 openAPIV3Schema of the CRD (parsed once: the file is 644 kB). Do not mutate it."""
     crd = yaml.safe_load(CRD_FILE.read_text())
     assert crd["spec"]["names"]["kind"] == "PyTorchJob"
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]

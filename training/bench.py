@@ -45,8 +45,9 @@ from training.dist import DistEnv, init_distributed  # noqa: E402
 from training.finetune import (WarmupCosine, _build_model, _build_optimizer,  # noqa: E402
                                _parallelize, _setup_logging, set_runtime_defaults,
                                train_step)
-from training.metrics import flops_per_token, peak_flops  # noqa: E402
-from training.model import init_random_, meta_model_from_config, parameter_counts  # noqa: E402
+from training.metrics import (device_name, dtype_name, mfu_pct, model_flops,  # noqa: E402
+                              peak_flops)
+from training.model import init_random_, meta_model_from_config  # noqa: E402
 from training.parallel import compute_dtype  # noqa: E402
 
 log = logging.getLogger("training.bench")
@@ -177,11 +178,9 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
     timings["optimizer_s"] = time.perf_counter() - started
 
     mcfg = model.config
-    n_total, n_embedding = parameter_counts(model)
+    n_total, n_embedding, flops_token = model_flops(model, cfg.data.seq_len)
     local_params = sum((p.to_local() if isinstance(p, DTensor) else p).numel()
                        for p in model.parameters())
-    flops_token = flops_per_token(n_total - n_embedding, mcfg.num_hidden_layers,
-                                  mcfg.hidden_size, cfg.data.seq_len)
     gen = torch.Generator().manual_seed(cfg.train.seed * 1000 + env.rank)
     b, s, accum = cfg.train.batch_size, cfg.data.seq_len, cfg.train.grad_accum
 
@@ -274,10 +273,10 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
                   "global_sequences": b * accum * env.world_size,
                   "global_tokens": tokens_gpu_step * env.world_size},
         "gpus": env.world_size, "nodes": env.num_nodes,
-        "gpu_name": torch.cuda.get_device_name(device) if cuda else "cpu",
-        "precision": {"params_compute": str(compute_dtype(cfg.model.dtype, device)).removeprefix(
-            "torch."), "master_params": "float32", "reductions": "float32",
-            "optimizer_states": "float32"},
+        "gpu_name": device_name(device),
+        "precision": {"params_compute": dtype_name(compute_dtype(cfg.model.dtype, device)),
+                      "master_params": "float32", "reductions": "float32",
+                      "optimizer_states": "float32"},
         "activation_checkpointing": cfg.parallel.activation_checkpointing,
         "compile": cfg.parallel.compile,
         "fp8": cfg.model.fp8,
@@ -296,7 +295,7 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
         "peak_flops": peak,
         "tokens_per_s_per_gpu": per_gpu,
         "tokens_per_s": per_gpu * env.world_size,
-        "mfu_pct": 100.0 * per_gpu * flops_token / peak if peak else None,
+        "mfu_pct": mfu_pct(per_gpu, flops_token, peak),
         "step_time_s": {"mean": step_mean, "median": statistics.median(step_times),
                         "min": min(step_times), "max": max(step_times),
                         "stdev": statistics.pstdev(step_times)},

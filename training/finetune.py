@@ -32,10 +32,9 @@ from training.dist import DistEnv, all_sum, init_distributed
 from training.errors import OOM_ADVICE, UserError
 from training.export import export_hf
 from training.loss import install_loss_forward
-from training.metrics import (JsonLines, flops_per_token, peak_flops, step_metrics,
-                              summarize)
-from training.model import (allocate, build_meta_model, load_weights, parameter_counts,
-                            set_sdpa_backend)
+from training.metrics import (JsonLines, device_name, dtype_name, model_flops, peak_flops,
+                              step_metrics, summarize)
+from training.model import allocate, build_meta_model, load_weights, set_sdpa_backend
 from training.parallel import DTYPES, build_mesh, compute_dtype, parallelize
 from training.prometheus import NoMetrics, TrainingMetrics
 
@@ -192,9 +191,9 @@ def _micro_batches(run: _Run, device: torch.device) -> list[tuple[torch.Tensor, 
              run.data.targets[i].to(device, non_blocking=True)) for i in indices]
 
 
-def _describe(cfg: JobConfig, env: DistEnv, model: nn.Module, flops_token: float) -> dict:
+def _describe(cfg: JobConfig, env: DistEnv, model: nn.Module) -> dict:
     """What DESIGN.md section 5 asks to report beside every speed number."""
-    total, embedding = parameter_counts(model)
+    total, embedding, flops_token = model_flops(model, cfg.data.seq_len)
     mcfg = model.config
     global_seqs = env.world_size * cfg.train.batch_size * cfg.train.grad_accum
     import transformers
@@ -202,11 +201,10 @@ def _describe(cfg: JobConfig, env: DistEnv, model: nn.Module, flops_token: float
         "run/model": cfg.model.model, "run/params": total, "run/params_without_embedding":
         total - embedding, "run/layers": mcfg.num_hidden_layers, "run/hidden": mcfg.hidden_size,
         "run/seq_len": cfg.data.seq_len, "run/gpus": env.world_size, "run/nodes": env.num_nodes,
-        "run/device": (torch.cuda.get_device_name(env.device) if env.device.type == "cuda"
-                       else "cpu"),
+        "run/device": device_name(env.device),
         "run/tokens_per_gpu_batch": cfg.train.batch_size * cfg.data.seq_len,
         "run/tokens_per_global_batch": global_seqs * cfg.data.seq_len,
-        "run/param_dtype": str(compute_dtype(cfg.model.dtype, env.device)).removeprefix("torch."),
+        "run/param_dtype": dtype_name(compute_dtype(cfg.model.dtype, env.device)),
         "run/reduce_dtype": "float32", "run/optimizer_state_dtype": "float32",
         "run/sharding": cfg.parallel.sharding,
         "run/activation_checkpointing": cfg.parallel.activation_checkpointing,
@@ -248,13 +246,10 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
         group["lr"] = base_lr * schedule(scheduler.last_epoch)
     run_ = _Run(data=data, sampler=sampler, state=state, total_steps=total)
 
-    n_total, n_embedding = parameter_counts(model)
-    mcfg = model.config
-    flops_token = flops_per_token(n_total - n_embedding, mcfg.num_hidden_layers,
-                                  mcfg.hidden_size, cfg.data.seq_len)
+    description = _describe(cfg, env, model)
+    flops_token = description["run/flops_per_token"]
     peak = peak_flops(env.device)
     tokens_per_step = sampler.global_batch * cfg.data.seq_len
-    description = _describe(cfg, env, model, flops_token)
     log.info("plan: steps %d..%d, %s", state.step + 1, total, json.dumps(description))
 
     with ExitStack() as stack:

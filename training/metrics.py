@@ -37,6 +37,31 @@ def flops_per_token(params_without_embedding: int, layers: int, hidden: int,
     return 6.0 * params_without_embedding + 12.0 * layers * hidden * seq_len
 
 
+def model_flops(model: torch.nn.Module, seq_len: int) -> tuple[int, int, float]:
+    """(all parameters, input-embedding parameters, training FLOPs per token at `seq_len`) of a
+    Hugging Face causal LM; a tensor shared by two modules (tied weights) is counted once."""
+    total = sum(p.numel() for p in model.parameters())
+    embedding = model.get_input_embeddings().weight.numel()
+    cfg = model.config
+    return total, embedding, flops_per_token(total - embedding, cfg.num_hidden_layers,
+                                             cfg.hidden_size, seq_len)
+
+
+def mfu_pct(tokens_per_s_per_gpu: float, flops_token: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation in percent; None where the peak is unknown (CPU, unknown GPU)."""
+    return 100.0 * (tokens_per_s_per_gpu * flops_token / peak) if peak else None
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name as torch reports it, or "cpu"."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """"bfloat16" for torch.bfloat16."""
+    return str(dtype).removeprefix("torch.")
+
+
 def peak_flops(device: torch.device) -> float | None:
     """Dense bf16 peak FLOP/s of one device; None on CPU or an unknown GPU (MFU is then null)."""
     if device.type != "cuda":
@@ -66,7 +91,6 @@ def step_metrics(*, step: int, epoch: int, loss: float, lr: float, grad_norm: fl
     """
     tokens_per_s = tokens / step_time_s
     per_gpu = tokens_per_s / world_size
-    mfu = per_gpu * flops_token / peak if peak else None
     return {
         "train/step": step,
         "train/epoch": epoch,
@@ -78,7 +102,7 @@ def step_metrics(*, step: int, epoch: int, loss: float, lr: float, grad_norm: fl
         "perf/tokens_per_s": tokens_per_s,
         "perf/tokens_per_s_per_gpu": per_gpu,
         "perf/tflops_per_gpu": per_gpu * flops_token / 1e12,
-        "perf/mfu_pct": None if mfu is None else 100.0 * mfu,
+        "perf/mfu_pct": mfu_pct(per_gpu, flops_token, peak),
         **memory_gib(device),
         "time/unix_s": time.time(),
     }

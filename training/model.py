@@ -210,10 +210,3 @@ def _tied_keys(model: nn.Module) -> set[str]:
         else:
             seen[id(p)] = name
     return tied
-
-
-def parameter_counts(model: nn.Module) -> tuple[int, int]:
-    """(all parameters, input-embedding parameters), each shared tensor counted once."""
-    total = sum(p.numel() for p in model.parameters())
-    embedding = model.get_input_embeddings().weight.numel()
-    return total, embedding

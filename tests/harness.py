@@ -1,15 +1,20 @@
-"""The offline runner and the settings parser, as the tests use them, and Kubernetes rules the
-tests apply."""
+"""The offline runner and the settings parser, as the tests use them, the look-ups several test
+modules share, and Kubernetes rules the tests apply."""
 
 import copy
+from typing import Any
 
 import pytest
 
-from components.offline import DUMMY_SECRETS, STACKS, Recording, Registration, run_program, stack_config
+from components.offline import (DUMMY_SECRETS, STACKS, Recording, Registration, is_secret_value, run_program,
+                                stack_config)
 from components.settings import SECRET_KEYS, Secrets, Settings, SettingsError, parse_settings
 
 __all__ = ["DUMMY_SECRETS", "STACKS", "Recording", "Registration", "run_program", "stack_config", "tolerates",
-           "SECRETS", "raw_settings", "parse", "settings_error"]
+           "SECRETS", "raw_settings", "parse", "settings_error", "plain", "PYTORCHJOB", "job_of", "worker",
+           "container", "parse_flags"]
+
+PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
 
 SECRETS = Secrets(hf_token="hf_x", grafana_admin_password="pw")
 
@@ -43,3 +48,45 @@ def tolerates(tolerations: list[dict], taint: dict) -> bool:
         if key_ok and t.get("effect") in (None, "", taint["effect"]):
             return True
     return False
+
+
+# --------------------------------------------------------------------------- recorded inputs
+
+
+def plain(value: Any) -> Any:
+    """Recorded inputs as the API server would get them: secrets unwrapped to their value, whole
+    floats (the engine passes every number as a float) as ints."""
+    if is_secret_value(value):
+        return plain(value["value"])
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def job_of(recording: Recording) -> dict:
+    """The run's one PyTorchJob, as the API server would get it."""
+    return plain(recording.one(PYTORCHJOB).inputs)
+
+
+def worker(job: dict) -> dict:
+    return job["spec"]["pytorchReplicaSpecs"]["Worker"]
+
+
+def container(job: dict) -> dict:
+    """The workers' ``pytorch`` container (the name the operator requires)."""
+    (c,) = [c for c in worker(job)["template"]["spec"]["containers"] if c["name"] == "pytorch"]
+    return c
+
+
+def parse_flags(args: list[str]) -> dict[str, str | None]:
+    """``--flag value`` pairs and bare ``--switch`` flags of a command line."""
+    flags: dict[str, str | None] = {}
+    for i, arg in enumerate(args):
+        if arg.startswith("--"):
+            following = args[i + 1] if i + 1 < len(args) else None
+            flags[arg] = None if following is None or following.startswith("--") else following
+    return flags

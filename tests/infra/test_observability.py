@@ -25,14 +25,13 @@ from components.observability import (
     dcgm_metrics_csv,
     load_rule_groups,
 )
+from components.offline import is_secret_value
 from components.settings import SettingsError
-from tests.harness import DUMMY_SECRETS, Recording, Registration, run_program, stack_config, tolerates
+from tests.harness import DUMMY_SECRETS, Recording, Registration, plain, run_program, stack_config, tolerates
 
 HELM = "kubernetes:helm.sh/v3:Release"
 ADDON = "aws:eks/addon:Addon"
 POD_IDENTITY = "aws:eks/podIdentityAssociation:PodIdentityAssociation"
-SECRET_SIG = "4dabf18193072939515e22adb298388d"
-"""Key with which Pulumi marks a secret value in serialized inputs."""
 PASSWORD = DUMMY_SECRETS["fsdp-eks:grafanaAdminPassword"]
 KUBERNETES_VERSION = "1.33"
 
@@ -102,11 +101,6 @@ def release(recording: Recording, chart: versions.HelmChart) -> Registration:
     return found[0]
 
 
-def unwrap(value):
-    """A secret input's plain value (Pulumi wraps secrets in serialized inputs)."""
-    return value["value"] if isinstance(value, dict) and SECRET_SIG in value else value
-
-
 def addons(recording: Recording, name: str) -> list[Registration]:
     return [r for r in recording.of_type(ADDON) if r.inputs["addonName"] == name]
 
@@ -136,11 +130,6 @@ def pod_identity(recording: Recording, namespace: str, account: str) -> tuple[Re
 def requires_gpu_node(affinity: dict) -> bool:
     terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     return terms == [{"matchExpressions": [{"key": "nvidia.com/gpu", "operator": "In", "values": ["true"]}]}]
-
-
-def manifest(registration: Registration) -> dict:
-    """The Kubernetes object a registration describes, secrets unwrapped."""
-    return {k: unwrap(v) for k, v in registration.inputs.items()}
 
 
 # --------------------------------------------------------------------------- both stacks
@@ -205,9 +194,9 @@ def test_grafana_password_only_through_a_secret(recording: Recording):
                 if r.inputs["metadata"]["name"] == grafana["admin"]["existingSecret"]]
     assert secret.inputs["metadata"]["namespace"] == MONITORING_NAMESPACE
     data = secret.inputs["stringData"]
-    assert SECRET_SIG in data, "the Secret's data is a Pulumi secret"
-    assert data["value"][grafana["admin"]["passwordKey"]] == PASSWORD
-    assert data["value"][grafana["admin"]["userKey"]]
+    assert is_secret_value(data), "the Secret's data is a Pulumi secret"
+    assert plain(data)[grafana["admin"]["passwordKey"]] == PASSWORD
+    assert plain(data)[grafana["admin"]["userKey"]]
     assert "adminPassword" not in json.dumps(grafana)
     for r in recording.of_type(HELM):
         assert PASSWORD not in json.dumps(r.inputs), f"{r.name}: password in plain Helm values"
@@ -285,7 +274,7 @@ def test_core_objects_are_valid_kubernetes(recording: Recording):
     ours = [r for r in recording.resources if r.name.startswith("observability-") and r.inputs.get("kind") in kinds]
     assert {r.inputs["kind"] for r in ours} >= {"Namespace", "Secret", "ConfigMap", "StorageClass"}
     for r in ours:
-        kubernetes_validate.validate(manifest(r), KUBERNETES_VERSION, strict=True)
+        kubernetes_validate.validate(plain(r.inputs), KUBERNETES_VERSION, strict=True)
 
 
 # --------------------------------------------------------------------------- options and variants
@@ -315,7 +304,7 @@ def test_debug_tools_daemonset():
     assert pod["hostPID"] is True, "htop sees the training processes"
     assert "nvidia.com/gpu" not in json.dumps(container.get("resources", {})), "takes no GPU from the job"
     assert container["command"][-1].endswith("exec sleep infinity")
-    kubernetes_validate.validate(manifest(ds), KUBERNETES_VERSION, strict=True)
+    kubernetes_validate.validate(plain(ds.inputs), KUBERNETES_VERSION, strict=True)
 
 
 def test_existing_cluster_gets_no_aws_resources_but_the_same_monitoring():

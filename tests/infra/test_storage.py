@@ -20,9 +20,8 @@ from components import versions
 from components.cluster import SYSTEM_NODE_LABEL
 from components.gpu_nodes import GPU_TAINT
 from components.training_job import APP_UID
-from tests.harness import (Recording, Registration, parse, raw_settings, run_program, settings_error, stack_config,
-                           tolerates)
-from tests.infra.test_workload import container, job_of, parse_flags, plain, worker
+from tests.harness import (PYTORCHJOB, Recording, Registration, container, job_of, parse, parse_flags, plain,
+                           raw_settings, run_program, settings_error, stack_config, tolerates, worker)
 
 FSX = "aws:fsx/lustreFileSystem:LustreFileSystem"
 SG = "aws:ec2/securityGroup:SecurityGroup"
@@ -32,7 +31,6 @@ HELM = "kubernetes:helm.sh/v3:Release"
 PV = "kubernetes:core/v1:PersistentVolume"
 PVC = "kubernetes:core/v1:PersistentVolumeClaim"
 POD_IDENTITY = "aws:eks/podIdentityAssociation:PodIdentityAssociation"
-PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
 CLUSTER_SG = "sg-eks-cluster"
 """The EKS cluster security group the mocks answer with; every node carries it."""
 LUSTRE_PORTS = [(988, 988), (1018, 1023)]

@@ -22,16 +22,16 @@ import yaml
 from components import rendezvous, versions
 from components.cluster import SYSTEM_NODE_LABEL
 from components.hardware import PROFILES
-from components.offline import SECRET_SIG, SECRET_SIG_KEY
+from components.offline import is_secret_value
 from components.settings import JobSettings
 from components.training_job import pytorchjob_manifest
 from tests.conftest import recording_of
-from tests.harness import DUMMY_SECRETS, Recording, run_program, stack_config
+from tests.harness import (DUMMY_SECRETS, PYTORCHJOB, Recording, container, job_of, parse_flags, plain, run_program,
+                           stack_config, worker)
 
 CRD_FILE = Path(__file__).resolve().parents[1] / "fixtures" / "kubeflow" / (
     f"kubeflow-training-operator-{versions.TRAINING_OPERATOR_REF}-pytorchjobs-crd.yaml"
 )
-PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
 DEPLOYMENT = "kubernetes:apps/v1:Deployment"
 SERVICE = "kubernetes:core/v1:Service"
 SECRET = "kubernetes:core/v1:Secret"
@@ -44,19 +44,6 @@ TORCHRUN_FLAGS_FROM_ENV = ("--nnodes", "--nproc-per-node", "--nproc_per_node", "
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def plain(value):
-    """Mock inputs as the API server would get them: secrets unwrapped, whole floats as ints."""
-    if isinstance(value, dict):
-        if value.get(SECRET_SIG_KEY) == SECRET_SIG:
-            return plain(value["value"])
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
 
 
 @functools.cache
@@ -87,29 +74,6 @@ def undeclared_keys(obj, schema: dict, path: str = "") -> list[str]:
         items = schema.get("items", {})
         return [k for i, v in enumerate(obj) for k in undeclared_keys(v, items, f"{path}[{i}]")]
     return []
-
-
-def parse_flags(args: list[str]) -> dict[str, str | None]:
-    """``--flag value`` pairs and bare ``--switch`` flags of a command line."""
-    flags: dict[str, str | None] = {}
-    for i, arg in enumerate(args):
-        if arg.startswith("--"):
-            following = args[i + 1] if i + 1 < len(args) else None
-            flags[arg] = None if following is None or following.startswith("--") else following
-    return flags
-
-
-def job_of(recording: Recording) -> dict:
-    return plain(recording.one(PYTORCHJOB).inputs)
-
-
-def worker(job: dict) -> dict:
-    return job["spec"]["pytorchReplicaSpecs"]["Worker"]
-
-
-def container(job: dict) -> dict:
-    (c,) = [c for c in worker(job)["template"]["spec"]["containers"] if c["name"] == "pytorch"]
-    return c
 
 
 def profile_of(stack: str):
@@ -257,7 +221,7 @@ def test_image_is_our_digest_pinned_ecr_image(recording: Recording):
 def test_hf_token_reaches_the_pod_only_through_secret_key_ref(recording: Recording):
     """Checked against DESIGN.md's secrets convention: Secret + secretKeyRef, never inline."""
     raw_secret = recording.one(SECRET, "training-job-hf-token").inputs
-    assert raw_secret["stringData"].get(SECRET_SIG_KEY) == SECRET_SIG, "stringData must be a Pulumi secret"
+    assert is_secret_value(raw_secret["stringData"]), "stringData must be a Pulumi secret"
     secret = plain(raw_secret)
     (hf,) = [e for e in container(job_of(recording))["env"] if e["name"] == "HF_TOKEN"]
     ref = hf["valueFrom"]["secretKeyRef"]

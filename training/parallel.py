@@ -57,12 +57,6 @@ def build_mesh(cfg: ParallelConfig, env: DistEnv) -> DeviceMesh:
     return init_device_mesh(kind, (world // shard, shard), mesh_dim_names=("replicate", "shard"))
 
 
-def _require(count: int, what: str) -> int:
-    if count == 0:
-        raise RuntimeError(f"{what} wrapped nothing: the model has no decoder layers to wrap")
-    return count
-
-
 def apply_float8(model: nn.Module) -> int:
     """Swap the decoder blocks' nn.Linear for torchao's Float8Linear (tensorwise dynamic
     scaling: each matmul's operands are scaled to float8 by their current absolute maximum).
@@ -77,25 +71,30 @@ def apply_float8(model: nn.Module) -> int:
     for layer in layers:
         convert_to_float8_training(layer, config=Float8LinearConfig.from_recipe_name("tensorwise"))
         converted += sum(type(m).__name__ == "Float8Linear" for m in layer.modules())
-    return _require(converted, "float8 conversion")
+    if converted == 0:
+        raise UserError("--fp8: torchao converted no nn.Linear of this model's decoder layers")
+    return converted
 
 
 def apply_activation_checkpointing(layers: nn.ModuleList, mode: str) -> int:
     """Wrap decoder layers to recompute activations in backward: all (full) or every 2nd."""
     every = {"full": 1, "selective": 2}[mode]
+    if mode == "selective" and len(layers) == 1:  # it would wrap nothing
+        raise UserError("--activation-checkpointing selective checkpoints every 2nd decoder "
+                        "layer; this model has 1 layer: use full or none")
     wrapped = 0
     for i, layer in enumerate(layers):
         if (i + 1) % every == 0:
             layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
             wrapped += 1
-    return _require(wrapped, "activation checkpointing")
+    return wrapped
 
 
 def apply_compile(layers: nn.ModuleList) -> int:
     """torch.compile each decoder layer in place (names of weights are unchanged)."""
     for layer in layers:
         layer.compile(fullgraph=False)
-    return _require(len(layers), "torch.compile")
+    return len(layers)
 
 
 def apply_fsdp(model: nn.Module, layers: nn.ModuleList, mesh: DeviceMesh,
@@ -108,7 +107,7 @@ def apply_fsdp(model: nn.Module, layers: nn.ModuleList, mesh: DeviceMesh,
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward,
                     mp_policy=mp_policy)
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp_policy)
-    return _require(len(layers), "fully_shard") + 1
+    return len(layers) + 1
 
 
 def parallelize(model: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh,

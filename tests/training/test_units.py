@@ -284,6 +284,18 @@ def test_hsdp_world_it_cannot_split():
         build_mesh(C.ParallelConfig(sharding="HYBRID_SHARD"), env)
 
 
+def test_selective_checkpointing_of_one_layer():
+    """Checked against the rule 'a user mistake names the setting to change': selective AC
+    (every 2nd layer) on a 1-layer model would wrap nothing, so it is refused by name."""
+    from torch import nn
+
+    from training.parallel import apply_activation_checkpointing
+
+    with pytest.raises(UserError, match="--activation-checkpointing selective.*1 layer"):
+        apply_activation_checkpointing(nn.ModuleList([nn.Linear(2, 2)]), "selective")
+    assert apply_activation_checkpointing(nn.ModuleList([nn.Linear(2, 2)]), "full") == 1
+
+
 def test_missing_dataset_cli_one_line(tmp_path):
     """Checked against the real entry point (one process, no torchrun): a missing dataset
     exits 1 with one error line naming --dataset and no traceback."""

@@ -32,7 +32,7 @@ compute time equals the H200's (an A100's: scaled by the peak ratio, same MFU).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GB = 1e9
 CONTENTION = 0.6
@@ -141,18 +141,11 @@ def predict(*, params: float, measured_step_s: float, measured_gpus: int, strate
     """
     assert contention_per in ("seconds", "bytes")
 
-    def node(nodes: int, gpus: int) -> Cluster:
-        return Cluster(name=cluster.name, nodes=nodes, gpus_per_node=gpus,
-                       network_gbps=cluster.network_gbps,
-                       nvlink_busbw_gbs=cluster.nvlink_busbw_gbs,
-                       net_efficiency=cluster.net_efficiency)
-
     args = (overlap, contention, contention_per)
-    _, exposed_m, lost_m = _costs(params, strategy, node(1, measured_gpus), measured_step_s,
-                                  *args)
+    measured = replace(cluster, nodes=1, gpus_per_node=measured_gpus)
+    _, exposed_m, lost_m = _costs(params, strategy, measured, measured_step_s, *args)
     compute = measured_step_s - exposed_m - lost_m
-    _, exposed_1, lost_1 = _costs(params, strategy, node(1, cluster.gpus_per_node), compute,
-                                  *args)
+    _, exposed_1, lost_1 = _costs(params, strategy, replace(cluster, nodes=1), compute, *args)
     comm, exposed, lost = _costs(params, strategy, cluster, compute, *args)
     return Prediction(strategy=strategy, step_s=compute + exposed + lost,
                       one_node_step_s=compute + exposed_1 + lost_1, comm_s=comm,

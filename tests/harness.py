@@ -12,9 +12,11 @@ from components.settings import SECRET_KEYS, Secrets, Settings, SettingsError, p
 
 __all__ = ["DUMMY_SECRETS", "STACKS", "Recording", "Registration", "run_program", "stack_config", "tolerates",
            "SECRETS", "raw_settings", "parse", "settings_error", "plain", "PYTORCHJOB", "job_of", "worker",
-           "container", "parse_flags"]
+           "container", "parse_flags", "GPU_TAINT"]
 
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+"""The taint on the GPU nodes, as the node group declares it (checked in test_cluster)."""
 
 SECRETS = Secrets(hf_token="hf_x", grafana_admin_password="pw")
 

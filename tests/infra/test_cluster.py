@@ -15,7 +15,7 @@ import yaml
 
 from components import versions
 from components.hardware import PROFILES
-from tests.harness import Recording, run_program, stack_config, tolerates
+from tests.harness import GPU_TAINT, Recording, run_program, stack_config, tolerates
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
@@ -28,11 +28,6 @@ def profile_of(stack: str):
 
 def gpu_settings(stack: str) -> dict:
     return stack_config(stack)["fsdp-eks:gpuNodes"]
-
-
-
-
-GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
 
 
 def test_one_interface_per_network_card(recording: Recording, stack: str):

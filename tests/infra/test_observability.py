@@ -17,7 +17,6 @@ import pytest
 from components import versions
 from components.cluster import SYSTEM_NODE_LABEL
 from components.dashboards import gpu_training
-from components.gpu_nodes import GPU_TAINT
 from components.observability import (
     DCGM_COUNTERS_PATH,
     MONITORING_NAMESPACE,
@@ -27,7 +26,7 @@ from components.observability import (
 )
 from components.offline import is_secret_value
 from components.settings import SettingsError
-from tests.harness import DUMMY_SECRETS, Recording, Registration, plain, run_program, stack_config, tolerates
+from tests.harness import DUMMY_SECRETS, GPU_TAINT, Recording, Registration, plain, run_program, stack_config, tolerates
 
 HELM = "kubernetes:helm.sh/v3:Release"
 ADDON = "aws:eks/addon:Addon"

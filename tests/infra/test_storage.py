@@ -18,10 +18,9 @@ import pytest
 
 from components import versions
 from components.cluster import SYSTEM_NODE_LABEL
-from components.gpu_nodes import GPU_TAINT
 from components.training_job import APP_UID
-from tests.harness import (PYTORCHJOB, Recording, Registration, container, job_of, parse, parse_flags, plain,
-                           raw_settings, run_program, settings_error, stack_config, tolerates, worker)
+from tests.harness import (GPU_TAINT, PYTORCHJOB, Recording, Registration, container, job_of, parse, parse_flags,
+                           plain, raw_settings, run_program, settings_error, stack_config, tolerates, worker)
 
 FSX = "aws:fsx/lustreFileSystem:LustreFileSystem"
 SG = "aws:ec2/securityGroup:SecurityGroup"

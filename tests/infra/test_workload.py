@@ -26,8 +26,8 @@ from components.offline import is_secret_value
 from components.settings import JobSettings
 from components.training_job import pytorchjob_manifest
 from tests.conftest import recording_of
-from tests.harness import (DUMMY_SECRETS, PYTORCHJOB, Recording, container, job_of, parse_flags, plain, run_program,
-                           stack_config, worker)
+from tests.harness import (DUMMY_SECRETS, GPU_TAINT, PYTORCHJOB, Recording, container, job_of, parse_flags, plain,
+                           run_program, stack_config, tolerates, worker)
 
 CRD_FILE = Path(__file__).resolve().parents[1] / "fixtures" / "kubeflow" / (
     f"kubeflow-training-operator-{versions.TRAINING_OPERATOR_REF}-pytorchjobs-crd.yaml"
@@ -139,7 +139,7 @@ def test_pod_lands_on_the_gpu_nodes_with_shm_and_nvme(recording: Recording, stac
     """Checked against the GPU taint and labels, and the AL2023 NodeConfig's RAID0 mount point."""
     spec = worker(job_of(recording))["template"]["spec"]
     assert spec["nodeSelector"] == {"node.kubernetes.io/instance-type": profile_of(stack).instance_type}
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert tolerates(spec["tolerations"], GPU_TAINT)
     volumes = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in container(job_of(recording))["volumeMounts"]}
     assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"

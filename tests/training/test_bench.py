@@ -54,6 +54,7 @@ def test_bench_writes_one_sane_json(tmp_path, world_of_one):
     assert len(r["step_times_s"]) == 3 and len(r["losses"]) == 4
     t = r["step_time_s"]
     assert 0 < t["min"] <= t["median"] <= t["max"]
+    # tokens/s/GPU is a step's per-GPU tokens (all micro-batches) over the MEAN step time
     assert r["tokens_per_s_per_gpu"] == pytest.approx(128 / t["mean"])
     # random tokens over a 320-word vocabulary: the loss starts near ln(320) = 5.77
     assert abs(r["losses"][0] - 5.77) < 0.5

@@ -35,14 +35,24 @@ def test_hybrid_shard_halves_network_bytes_on_two_nodes_only():
                                                                            rel=1e-3)
 
 
-def test_one_node_predicts_the_measured_step():
-    """Measured on all 8 GPUs of one node: one node predicts exactly that step, for either
-    contention basis."""
-    for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD"):
-        for per in ("seconds", "bytes"):
-            p = predict(params=P, measured_step_s=1.0, measured_gpus=8, strategy=strategy,
-                        cluster=cluster(1), contention_per=per)
-            assert p.step_s == pytest.approx(1.0) and p.efficiency == pytest.approx(1.0)
+@pytest.mark.parametrize("overlap, one_node_s", [(1.0, 1.275), (0.1, 1.357)])
+def test_one_node_of_8_from_a_step_measured_on_2(overlap, one_node_s):
+    """By hand from the module's formulas, FULL_SHARD on NVLink at 240 GB/s with P = 12e9: one
+    bf16 all-gather of the parameters is 2P/B = 0.1 s and the fp32 reduce-scatter 4P/B = 0.2 s,
+    each x (N-1)/N. 2 GPUs: 0.05 (fwd) + 0.05 + 0.1 (bwd) = 0.2 s; 8 GPUs: 7/8 x 0.4 = 0.35 s.
+    Measured 1.2 s on 2 GPUs, contention 0.5:
+    - overlap 1: everything hides, compute = 1.2 - 0.5 x 0.2 = 1.1 s; one node of 8 =
+      1.1 + 0.5 x 0.35 = 1.275 s.
+    - overlap 0.1: each phase hides 0.1 x its share of the compute; on 2 GPUs fwd hides 0.04
+      of 0.05 and bwd 0.08 of 0.15, so compute = 1.2 - 0.08 exposed - 0.5 x 0.12 = 1.06 s; on
+      8 GPUs 0.106 of 0.35 s hides: 1.06 + 0.244 + 0.5 x 0.106 = 1.357 s.
+    On one node every collective runs at NVLink speed, so both contention bases agree."""
+    c = Cluster(name="p5", nodes=2, gpus_per_node=8, network_gbps=3200.0,
+                nvlink_busbw_gbs=240.0, net_efficiency=1.0)
+    for per in ("seconds", "bytes"):
+        p = predict(params=12e9, measured_step_s=1.2, measured_gpus=2, strategy="FULL_SHARD",
+                    cluster=c, overlap=overlap, contention=0.5, contention_per=per)
+        assert p.one_node_step_s == pytest.approx(one_node_s)
 
 
 def test_unlimited_bandwidth_scales_perfectly():

@@ -52,7 +52,8 @@ class DistEnv:
         return self.rank - self.local_rank
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on the loopback interface that is free now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -62,7 +63,7 @@ def init_distributed() -> DistEnv:
     """Join the job's process group: NCCL on CUDA (plus gloo for CPU tensors), gloo on CPU."""
     if "RANK" not in os.environ:  # plain `python -m training.finetune`: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if (rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
             and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from training.dist import free_port  # noqa: F401  (re-exported: the tests import it from here)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,12 +35,6 @@ TINY_FLAGS = [
 
 _RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
              "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -113,6 +108,21 @@ def assert_losses_close(actual: list[float], expected: list[float], rtol: float,
     worst = max(abs(a - e) / abs(e) for a, e in zip(actual, expected))
     assert worst <= rtol, (f"{what}: losses differ by up to {worst:.2e} (relative), more than "
                            f"{rtol:.0e}:\n  got      {actual}\n  expected {expected}")
+
+
+@pytest.fixture
+def world_of_one(monkeypatch):
+    """init_distributed's own world of one (as `python -m training.finetune` without torchrun
+    gets); its variables and the allocator default set_runtime_defaults adds are removed again
+    afterwards."""
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    had_alloc_conf = "PYTORCH_CUDA_ALLOC_CONF" in os.environ
+    yield
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT") + (() if had_alloc_conf else ("PYTORCH_CUDA_ALLOC_CONF",)):
+        os.environ.pop(key, None)
 
 
 @pytest.fixture(scope="session")

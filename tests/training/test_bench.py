@@ -5,12 +5,10 @@ asks to report beside every number, and against the arithmetic of the run itself
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from training import bench
-from training.dist import _free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -18,20 +16,6 @@ REQUIRED = ("date", "model", "seq_len", "batch", "gpus", "gpu_name", "precision"
             "activation_checkpointing", "compile", "fp8", "strategy", "versions",
             "tokens_per_s_per_gpu", "mfu_pct", "step_time_s", "memory_gib",
             "time_to_first_step_s", "startup_s", "losses", "config")
-
-
-@pytest.fixture
-def world_of_one(monkeypatch):
-    """init_distributed's own world of one; its variables (and the allocator default the
-    benchmark sets) removed again afterwards."""
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
-    had_alloc_conf = "PYTORCH_CUDA_ALLOC_CONF" in os.environ
-    yield
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                "MASTER_PORT") + (() if had_alloc_conf else ("PYTORCH_CUDA_ALLOC_CONF",)):
-        os.environ.pop(key, None)
 
 
 def test_bench_writes_one_sane_json(tmp_path, world_of_one):

@@ -303,16 +303,10 @@ def test_missing_dataset_cli_one_line(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # pytest captures stderr
-def test_out_of_memory_message(monkeypatch, capsys):
+def test_out_of_memory_message(monkeypatch, capsys, world_of_one):
     """Checked against the entry point's OOM handler: a torch.cuda.OutOfMemoryError during the
     run ends with status 1 and one message naming the four remedies."""
     from training import finetune
-
-    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                 "MASTER_ADDR": "127.0.0.1"}.items():
-        monkeypatch.setenv(k, v)
-    from tests.training.conftest import free_port
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
 
     def oom(cfg, env):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")

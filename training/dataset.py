@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from training import hub
 from training.config import DataConfig
 from training.errors import UserError
 
@@ -75,7 +75,7 @@ def load_records(cfg: DataConfig, cache_dir: str | None) -> list[dict]:
     """The dataset's records, from a local file or the Hugging Face Hub."""
     name = cfg.dataset
     path = Path(name).expanduser()
-    if path.suffix in LOCAL_SUFFIXES or name.startswith(("/", ".", "~")):
+    if path.suffix in LOCAL_SUFFIXES or hub.looks_local(name):
         if not path.is_file():
             raise UserError(f"--dataset {name}: no such file; pass a .json/.jsonl/.parquet "
                             "file or a Hugging Face dataset name")
@@ -90,11 +90,11 @@ def _load_hub(name: str, split: str, cache_dir: str | None) -> list[dict]:
     import datasets
     from datasets.exceptions import DatasetNotFoundError
 
+    token = hub.hf_token()
     try:
-        ds = datasets.load_dataset(name, split=split, cache_dir=cache_dir,
-                                   token=os.environ.get("HF_TOKEN") or None)
+        ds = datasets.load_dataset(name, split=split, cache_dir=cache_dir, token=token)
     except DatasetNotFoundError:
-        hint = "" if os.environ.get("HF_TOKEN") else " (a gated or private one also needs HF_TOKEN)"
+        hint = "" if token else " (a gated or private one also needs HF_TOKEN)"
         raise UserError(f"--dataset {name}: no such dataset on the Hugging Face Hub{hint}, and "
                         "no such local file") from None
     except ValueError as e:  # e.g. an unknown split

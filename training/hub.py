@@ -29,6 +29,12 @@ def hf_token() -> str | None:
     return os.environ.get("HF_TOKEN") or None
 
 
+def looks_local(name: str) -> bool:
+    """A --model or --dataset value written as a path (/..., ./..., ../..., ~/...), not a Hub
+    id."""
+    return name.startswith(("/", ".", "~"))
+
+
 def on_node_leader_first(env: DistEnv, produce: Callable[[], str]) -> str:
     """Run `produce` on local rank 0 of every node, then hand its result to the whole node.
 
@@ -83,8 +89,7 @@ def _download(repo_id: str, cache_dir: str | None) -> str:
 def _local_model_dir(name: str) -> Path | None:
     """`name` as a local model directory, None if it is a Hub id; UserError if broken."""
     path = Path(name).expanduser()
-    looks_local = name.startswith(("/", ".", "~")) or path.exists()
-    if not looks_local:
+    if not (looks_local(name) or path.exists()):
         return None
     if not path.is_dir():
         raise UserError(f"--model {name}: no such directory")

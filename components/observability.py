@@ -107,9 +107,11 @@ def dcgm_metrics_csv() -> str:
     return DCGM_METRICS_FILE.read_text()
 
 
-def dcgm_exported_metrics() -> dict[str, str]:
-    """Metric name -> Prometheus type of every field the exporter is configured to export."""
-    lines = [line for line in dcgm_metrics_csv().splitlines() if line.strip() and not line.startswith("#")]
+def dcgm_exported_metrics(text: str | None = None) -> dict[str, str]:
+    """Metric name -> Prometheus type of every field a dcgm-exporter CSV (``text``; default the
+    repository's) configures the exporter to export."""
+    text = dcgm_metrics_csv() if text is None else text
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
     return {row[0].strip(): row[1].strip() for row in csv.reader(lines)}
 
 

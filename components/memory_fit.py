@@ -209,10 +209,12 @@ def _min_nodes(job: JobSettings) -> int:
 
 
 def _job_estimate(shape: ModelShape, job: JobSettings, profile: HardwareProfile, **changes) -> MemoryEstimate:
+    from components.settings import gpus_per_node
+
     params = {
         "sharding": job.sharding,
         "nodes": _min_nodes(job),
-        "gpus_per_node": job.gpus_per_node or profile.gpus,
+        "gpus_per_node": gpus_per_node(job, profile),
         "batch_size": job.batch_size,
         "seq_len": job.seq_len,
         "activation_checkpointing": job.activation_checkpointing,
@@ -250,7 +252,7 @@ def what_would_fit(shape: ModelShape, job: JobSettings, profile: HardwareProfile
 
 def fit_problems(s: Settings) -> list[Problem]:
     """The settings rule: refuse a job whose per-GPU estimate exceeds the budget."""
-    from components.settings import Problem
+    from components.settings import Problem, gpus_per_node
 
     j, p = s.job, s.profile
     if j.model == TINY_MODEL:
@@ -268,7 +270,7 @@ def fit_problems(s: Settings) -> list[Problem]:
     budget = budget_gib(p)
     if e.total <= budget:
         return []
-    gpus = j.gpus_per_node or p.gpus
+    gpus = gpus_per_node(j, p)
     nodes = _min_nodes(j)
     value = (f"{j.model} on {nodes} x {p.instance_type} ({nodes * gpus} GPUs), {j.sharding}, "
              f"batchSize {j.batch_size}, seqLen {j.seq_len}, activationCheckpointing {j.activation_checkpointing}")

@@ -627,6 +627,11 @@ def job_node_bounds(job: JobSettings) -> tuple[int, int]:
     return (job.min_nodes or job.nodes, job.max_nodes or job.nodes)
 
 
+def gpus_per_node(job: JobSettings, profile: HardwareProfile) -> int:
+    """GPUs each worker takes: ``job.gpusPerNode``, or every GPU of the instance."""
+    return job.gpus_per_node or profile.gpus
+
+
 RULES: list[Rule] = [_network_rules, _cluster_rules, _gpu_node_rules, _job_rules, _secret_rules,
                      memory_fit.fit_problems, _observability_rules, _storage_rules]
 

@@ -47,7 +47,7 @@ import pulumi_kubernetes as k8s
 from components import rendezvous
 from components.gpu_nodes import GPU_TOLERATION
 from components.hardware import HardwareProfile
-from components.settings import JobSettings, job_node_bounds
+from components.settings import JobSettings, gpus_per_node, job_node_bounds
 from components.storage import SharedClaim
 
 API_VERSION = "kubeflow.org/v1"
@@ -99,10 +99,6 @@ def model_slug(model: str, limit: int = MAX_NAME - HASH_LENGTH - 1) -> str:
     if not slug or not slug[0].isalpha():
         slug = f"job-{slug}".rstrip("-")
     return slug[:limit].rstrip("-")
-
-
-def gpus_per_node(job: JobSettings, profile: HardwareProfile) -> int:
-    return job.gpus_per_node or profile.gpus
 
 
 def efa_per_node(job: JobSettings, profile: HardwareProfile) -> int:

@@ -141,11 +141,12 @@ class Checkpointer:
         return {MODEL_KEY: ModelState(model), OPTIMIZER_KEY: OptimizerState(model, optimizer),
                 TRAINER_KEY: trainer}
 
-    def latest(self) -> tuple[int, Path] | None:
+    def latest(self) -> Path | None:
         """The newest complete checkpoint, as rank 0 sees it (all ranks get the same answer)."""
-        choice = [complete_checkpoints(self.root)[-1:] if self.env.is_main else None]
+        found = complete_checkpoints(self.root) if self.env.is_main else []
+        choice = [found[-1][1] if found else None]
         dist.broadcast_object_list(choice, src=0)
-        return choice[0][0] if choice[0] else None
+        return choice[0]
 
     def load(self, path: Path, model, optimizer, trainer: TrainerState) -> None:
         dcp.load(self._state(model, optimizer, trainer), checkpoint_id=str(path))

@@ -181,7 +181,6 @@ class _Run:
     data: PackedData
     sampler: StepSampler
     state: TrainerState
-    total_steps: int
 
 
 def _micro_batches(run: _Run, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -234,9 +233,9 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
     if ckpt is None:
         log.warning("no --checkpoint-dir: a failure loses all progress of this run")
     latest = ckpt.latest() if ckpt else None
-    if latest:
-        ckpt.load(latest[1], model, optimizer, state)
-        log.info("resumed from %s (step %d, epoch %d)", latest[1], state.step, state.epoch)
+    if latest is not None:
+        ckpt.load(latest, model, optimizer, state)
+        log.info("resumed from %s (step %d, epoch %d)", latest, state.step, state.epoch)
     remaining = sampler.remaining_steps(state.epoch, state.offset, cfg.train.epochs)
     total = state.step + remaining
     if cfg.train.max_steps is not None:
@@ -244,7 +243,7 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
     schedule.total = total  # after load: a new --max-steps or world size moves the horizon
     for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
         group["lr"] = base_lr * schedule(scheduler.last_epoch)
-    run_ = _Run(data=data, sampler=sampler, state=state, total_steps=total)
+    run_ = _Run(data=data, sampler=sampler, state=state)
 
     description = _describe(cfg, env, model)
     flops_token = description["run/flops_per_token"]

@@ -51,7 +51,7 @@ class TrainingMetrics:
                                      "Unix time of the last complete checkpoint.", registry=r)
         self.last_step = Gauge(LAST_STEP_TIMESTAMP, "Unix time the last step completed.",
                                registry=r)
-        self.server, self.thread = start_http_server(port, registry=r)
+        self.server, _ = start_http_server(port, registry=r)  # the thread is a daemon
         log.info("serving Prometheus metrics on port %d", port)
 
     def observe_step(self, m: dict) -> None:
@@ -66,8 +66,8 @@ class TrainingMetrics:
         self.step_seconds.set(m["perf/step_time_s"])
         self.last_step.set(m["time/unix_s"])
 
-    def observe_checkpoint(self, unix_time: float | None = None) -> None:
-        self.last_checkpoint.set(time.time() if unix_time is None else unix_time)
+    def observe_checkpoint(self) -> None:
+        self.last_checkpoint.set(time.time())
 
     def close(self) -> None:
         self.server.shutdown()
@@ -80,7 +80,7 @@ class NoMetrics:
     def observe_step(self, m: dict) -> None:
         pass
 
-    def observe_checkpoint(self, unix_time: float | None = None) -> None:
+    def observe_checkpoint(self) -> None:
         pass
 
     def close(self) -> None:

@@ -33,15 +33,11 @@ def canonical_name(name: str) -> str:
     return name
 
 
-def load_config(model_dir: Path):
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(model_dir)
-
-
 def build_meta_model(model_dir: Path) -> nn.Module:
     """The causal LM of `model_dir`'s config, on the meta device, fp32 (the master weights)."""
-    return meta_model_from_config(load_config(model_dir))
+    from transformers import AutoConfig
+
+    return meta_model_from_config(AutoConfig.from_pretrained(model_dir))
 
 
 def meta_model_from_config(config) -> nn.Module:

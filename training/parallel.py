@@ -48,7 +48,7 @@ def build_mesh(cfg: ParallelConfig, env: DistEnv) -> DeviceMesh:
     if cfg.sharding == "NO_SHARD":
         return init_device_mesh(kind, (world, 1), mesh_dim_names=("replicate", "shard"))
     shard = cfg.hsdp_shard_size or env.local_world_size
-    if world % shard != 0 or shard > world:
+    if world % shard != 0:
         raise UserError(
             f"--sharding HYBRID_SHARD cannot split {world} processes into shard groups of "
             f"{shard}: the world size must be a multiple of the shard group size. Set "

@@ -40,7 +40,7 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 from training import hub, tiny  # noqa: E402
-from training.config import JobConfig, parse_args  # noqa: E402
+from training.config import JobConfig, flag, parse_args  # noqa: E402
 from training.dist import DistEnv, init_distributed  # noqa: E402
 from training.finetune import (WarmupCosine, _build_model, _build_optimizer,  # noqa: E402
                                _parallelize, _setup_logging, set_runtime_defaults,
@@ -77,7 +77,7 @@ def bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", choices=sorted(SHAPES),
                    help="random-init model of this shape; unset: load --model (the real path)")
     for name in SHAPE_FLAGS:
-        p.add_argument("--" + name.replace("_", "-"), type=int, dest=name,
+        p.add_argument(flag(name), type=int, dest=name,
                        help="override one dimension of --shape (default shape llama2-7b)")
     p.add_argument("--bench-steps", type=int, default=10, help="timed steps (default 10)")
     p.add_argument("--bench-warmup", type=int, default=3,

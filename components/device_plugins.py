@@ -12,16 +12,13 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components import versions
-from components.gpu_nodes import GPU_LABELS, GPU_TOLERATION, require_node_label
+from components.gpu_nodes import GPU_LABELS, GPU_TOLERATION, gpu_node_placement
 from components.helm import helm_release
 
 
 def nvidia_plugin_values() -> dict:
     """On GPU nodes only, tolerating their taint."""
-    return {
-        "tolerations": [GPU_TOLERATION],
-        "affinity": require_node_label("nvidia.com/gpu", GPU_LABELS["nvidia.com/gpu"]),
-    }
+    return gpu_node_placement()
 
 
 def efa_plugin_values() -> dict:

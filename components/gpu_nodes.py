@@ -216,3 +216,12 @@ def require_node_label(key: str, value: str) -> dict:
     """
     term = {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def gpu_node_placement() -> dict:
+    """Pod spec (or chart values) keys that put a pod on the GPU nodes only: it tolerates their
+    taint and requires their ``nvidia.com/gpu`` label."""
+    return {
+        "tolerations": [dict(GPU_TOLERATION)],
+        "affinity": require_node_label("nvidia.com/gpu", GPU_LABELS["nvidia.com/gpu"]),
+    }

@@ -52,7 +52,7 @@ import yaml
 
 from components import versions
 from components.dashboards import gpu_training
-from components.gpu_nodes import GPU_LABELS, GPU_TOLERATION, require_node_label
+from components.gpu_nodes import GPU_TOLERATION, gpu_node_placement
 from components.helm import helm_release
 from components.pod_identity import pod_identity_role
 from components.settings import ObservabilitySettings
@@ -183,8 +183,7 @@ def dcgm_exporter_values(*, release_label: pulumi.Input[str]) -> dict[str, Any]:
         "fullnameOverride": DCGM_FULLNAME,
         "arguments": ["-f", DCGM_COUNTERS_PATH],
         "customMetrics": dcgm_metrics_csv(),
-        "tolerations": [GPU_TOLERATION],
-        "affinity": require_node_label("nvidia.com/gpu", GPU_LABELS["nvidia.com/gpu"]),
+        **gpu_node_placement(),
         "serviceMonitor": {"enabled": True, "additionalLabels": {"release": release_label}},
     }
 
@@ -227,8 +226,7 @@ def debug_tools_spec() -> dict[str, Any]:
             "metadata": {"labels": labels},
             "spec": {
                 "hostPID": True,
-                "tolerations": [GPU_TOLERATION],
-                "affinity": require_node_label("nvidia.com/gpu", GPU_LABELS["nvidia.com/gpu"]),
+                **gpu_node_placement(),
                 "terminationGracePeriodSeconds": 1,
                 "containers": [
                     {

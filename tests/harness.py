@@ -2,19 +2,24 @@
 modules share, and Kubernetes rules the tests apply."""
 
 import copy
+import json
 from typing import Any
 
 import pytest
 
+from components import versions
 from components.offline import (DUMMY_SECRETS, STACKS, Recording, Registration, is_secret_value, run_program,
                                 stack_config)
 from components.settings import SECRET_KEYS, Secrets, Settings, SettingsError, parse_settings
 
 __all__ = ["DUMMY_SECRETS", "STACKS", "Recording", "Registration", "run_program", "stack_config", "tolerates",
            "SECRETS", "raw_settings", "parse", "settings_error", "plain", "PYTORCHJOB", "job_of", "worker",
-           "container", "parse_flags", "GPU_TAINT"]
+           "container", "parse_flags", "GPU_TAINT", "HELM", "POD_IDENTITY", "release", "pod_identity",
+           "trusted_by_pod_identity"]
 
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
+HELM = "kubernetes:helm.sh/v3:Release"
+POD_IDENTITY = "aws:eks/podIdentityAssociation:PodIdentityAssociation"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
 """The taint on the GPU nodes, as the node group declares it (checked in test_cluster)."""
 
@@ -92,3 +97,38 @@ def parse_flags(args: list[str]) -> dict[str, str | None]:
             following = args[i + 1] if i + 1 < len(args) else None
             flags[arg] = None if following is None or following.startswith("--") else following
     return flags
+
+
+# --------------------------------------------------------------------------- AWS and Helm look-ups
+
+
+def release(recording: Recording, chart: versions.HelmChart) -> Registration:
+    """The run's one Helm release of ``chart``."""
+    found = [r for r in recording.of_type(HELM) if r.inputs["chart"] == chart.chart]
+    assert len(found) == 1, f"expected one {chart.chart} release, found {[r.name for r in found]}"
+    return found[0]
+
+
+def pod_identity(recording: Recording, namespace: str, account: str) -> tuple[Registration, Registration, str]:
+    """The pod identity association of a service account, its role and the one managed policy
+    attached to that role."""
+    assocs = [r for r in recording.of_type(POD_IDENTITY)
+              if (r.inputs["namespace"], r.inputs["serviceAccount"]) == (namespace, account)]
+    assert len(assocs) == 1, f"{namespace}/{account}: {len(assocs)} pod identity associations"
+    [assoc] = assocs
+    [role] = [r for r in recording.of_type("aws:iam/role:Role") if assoc.inputs["roleArn"].endswith(f":{r.name}")]
+    policies = [r.inputs["policyArn"] for r in recording.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+                if r.inputs["role"] == role.name]
+    assert len(policies) == 1, f"{role.name}: attached {policies}"
+    return assoc, role, policies[0]
+
+
+def trusted_by_pod_identity(role: Registration) -> bool:
+    """The role's trust policy lets EKS Pod Identity assume it (and tag the session)."""
+    policy = json.loads(role.inputs["assumeRolePolicy"])
+    return any(
+        s["Effect"] == "Allow"
+        and s["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+        and set(s["Action"]) == {"sts:AssumeRole", "sts:TagSession"}
+        for s in policy["Statement"]
+    )

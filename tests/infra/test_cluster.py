@@ -15,11 +15,10 @@ import yaml
 
 from components import versions
 from components.hardware import PROFILES
-from tests.harness import GPU_TAINT, Recording, run_program, stack_config, tolerates
+from tests.harness import GPU_TAINT, HELM, Recording, release, run_program, stack_config, tolerates
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
-HELM = "kubernetes:helm.sh/v3:Release"
 
 
 def profile_of(stack: str):
@@ -136,17 +135,16 @@ def test_gpu_node_group_shape(recording: Recording, stack: str):
 
 
 def test_device_plugins_pinned_and_tolerating_the_gpu_taint(recording: Recording):
-    releases = {r.inputs["chart"]: r for r in recording.of_type(HELM)}
     for pin in (versions.NVIDIA_DEVICE_PLUGIN, versions.EFA_DEVICE_PLUGIN):
-        release = releases[pin.chart].inputs
-        assert release["version"] == pin.version and "latest" not in pin.version
-        assert release["repositoryOpts"]["repo"] == pin.repo
-        assert tolerates(release["values"]["tolerations"], GPU_TAINT), f"{pin.chart} cannot land on GPU nodes"
+        plugin = release(recording, pin).inputs
+        assert plugin["version"] == pin.version and "latest" not in pin.version
+        assert plugin["repositoryOpts"]["repo"] == pin.repo
+        assert tolerates(plugin["values"]["tolerations"], GPU_TAINT), f"{pin.chart} cannot land on GPU nodes"
 
 
 def test_efa_plugin_kept_to_efa_nodes(recording: Recording):
     """On a node without EFA devices the plugin crash-loops."""
-    efa = next(r for r in recording.of_type(HELM) if r.inputs["chart"] == versions.EFA_DEVICE_PLUGIN.chart)
+    efa = release(recording, versions.EFA_DEVICE_PLUGIN)
     gpu_labels = recording.one(NODE_GROUP, "gpu-gpu").inputs["labels"]
     system_labels = recording.one(NODE_GROUP, "cluster-system").inputs["labels"]
     selector = efa.inputs["values"]["nodeSelector"]

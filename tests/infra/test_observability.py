@@ -25,11 +25,10 @@ from components.observability import (
 )
 from components.offline import is_secret_value
 from components.settings import SettingsError
-from tests.harness import DUMMY_SECRETS, GPU_TAINT, Recording, Registration, plain, run_program, stack_config, tolerates
+from tests.harness import (DUMMY_SECRETS, GPU_TAINT, HELM, POD_IDENTITY, Recording, Registration, plain, pod_identity,
+                           release, run_program, stack_config, tolerates, trusted_by_pod_identity)
 
-HELM = "kubernetes:helm.sh/v3:Release"
 ADDON = "aws:eks/addon:Addon"
-POD_IDENTITY = "aws:eks/podIdentityAssociation:PodIdentityAssociation"
 PASSWORD = DUMMY_SECRETS["fsdp-eks:grafanaAdminPassword"]
 KUBERNETES_VERSION = "1.33"
 
@@ -93,36 +92,8 @@ def existing_cluster() -> Recording:
     return _RUNS["existing"]
 
 
-def release(recording: Recording, chart: versions.HelmChart) -> Registration:
-    found = [r for r in recording.of_type(HELM) if r.inputs["chart"] == chart.chart]
-    assert len(found) == 1, f"expected one {chart.chart} release, found {len(found)}"
-    return found[0]
-
-
 def addons(recording: Recording, name: str) -> list[Registration]:
     return [r for r in recording.of_type(ADDON) if r.inputs["addonName"] == name]
-
-
-def trusted_by_pod_identity(role: Registration) -> bool:
-    policy = json.loads(role.inputs["assumeRolePolicy"])
-    return any(
-        s["Effect"] == "Allow"
-        and s["Principal"] == {"Service": "pods.eks.amazonaws.com"}
-        and set(s["Action"]) == {"sts:AssumeRole", "sts:TagSession"}
-        for s in policy["Statement"]
-    )
-
-
-def pod_identity(recording: Recording, namespace: str, account: str) -> tuple[Registration, Registration, str]:
-    """The association of a service account, its role and the managed policy attached to it."""
-    [assoc] = [r for r in recording.of_type(POD_IDENTITY)
-               if (r.inputs["namespace"], r.inputs["serviceAccount"]) == (namespace, account)]
-    [role] = [r for r in recording.of_type("aws:iam/role:Role") if assoc.inputs["roleArn"].endswith(f":{r.name}")]
-    [attachment] = [r for r in recording.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
-                    if r.inputs["role"] == role.name]
-    return assoc, role, attachment.inputs["policyArn"]
-
-
 
 
 def requires_gpu_node(affinity: dict) -> bool:

@@ -11,7 +11,6 @@ the GPU taint, and torch.distributed.checkpoint's need for one directory every r
 from __future__ import annotations
 
 import copy
-import json
 
 import kubernetes_validate
 import pytest
@@ -19,17 +18,16 @@ import pytest
 from components import versions
 from components.cluster import SYSTEM_NODE_LABEL
 from components.training_job import APP_UID
-from tests.harness import (GPU_TAINT, PYTORCHJOB, Recording, Registration, container, job_of, parse, parse_flags,
-                           plain, raw_settings, run_program, settings_error, stack_config, tolerates, worker)
+from tests.harness import (GPU_TAINT, HELM, PYTORCHJOB, Recording, Registration, container, job_of, parse, parse_flags,
+                           plain, pod_identity, raw_settings, release, run_program, settings_error, stack_config,
+                           tolerates, trusted_by_pod_identity, worker)
 
 FSX = "aws:fsx/lustreFileSystem:LustreFileSystem"
 SG = "aws:ec2/securityGroup:SecurityGroup"
 SG_INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 SUBNET = "aws:ec2/subnet:Subnet"
-HELM = "kubernetes:helm.sh/v3:Release"
 PV = "kubernetes:core/v1:PersistentVolume"
 PVC = "kubernetes:core/v1:PersistentVolumeClaim"
-POD_IDENTITY = "aws:eks/podIdentityAssociation:PodIdentityAssociation"
 CLUSTER_SG = "sg-eks-cluster"
 """The EKS cluster security group the mocks answer with; every node carries it."""
 LUSTRE_PORTS = [(988, 988), (1018, 1023)]
@@ -54,12 +52,6 @@ def fsx_security_group(rec: Recording) -> Registration:
     return sg
 
 
-def fsx_release(rec: Recording) -> Registration:
-    found = [r for r in rec.of_type(HELM) if r.inputs["chart"] == versions.FSX_CSI_DRIVER.chart]
-    assert len(found) == 1, f"expected one {versions.FSX_CSI_DRIVER.chart} release, found {[r.name for r in found]}"
-    return found[0]
-
-
 def volume(rec: Recording) -> dict:
     return plain(rec.one(PV).inputs)
 
@@ -75,8 +67,6 @@ def opens(rules: list[dict], lo: int, hi: int, *, self_: bool, group: str) -> bo
     return (not self_ or any(covers(r) and r.get("self") for r in rules)) and any(
         covers(r) and group in r.get("securityGroups", []) for r in rules
     )
-
-
 
 
 def shared_mount(rec: Recording) -> str:
@@ -160,30 +150,25 @@ def test_the_stack_exports_the_file_system_id(recording: Recording):
 
 
 def test_csi_driver_is_pinned_and_lands_on_the_gpu_nodes(recording: Recording):
-    release = fsx_release(recording)
+    driver = release(recording, versions.FSX_CSI_DRIVER)
     pin = versions.FSX_CSI_DRIVER
-    assert (release.inputs["version"], release.inputs["repositoryOpts"]["repo"]) == (pin.version, pin.repo)
+    assert (driver.inputs["version"], driver.inputs["repositoryOpts"]["repo"]) == (pin.version, pin.repo)
     assert all(part.isdigit() for part in pin.version.split(".")), f"{pin.chart} {pin.version}: not an exact version"
-    assert release.inputs["namespace"] == "kube-system"
-    assert release.provider and "cluster-k8s" in release.provider, "in-cluster objects use the cluster's provider"
-    node = release.inputs["values"]["node"]
+    assert driver.inputs["namespace"] == "kube-system"
+    assert driver.provider and "cluster-k8s" in driver.provider, "in-cluster objects use the cluster's provider"
+    node = driver.inputs["values"]["node"]
     assert node["tolerateAllTaints"] is True or tolerates(node["tolerations"], GPU_TAINT), (
-        f"{release.name}: the node plugin cannot run on the GPU nodes, so the job's volume never mounts")
-    assert release.inputs["values"]["controller"]["nodeSelector"] == SYSTEM_NODE_LABEL
+        f"{driver.name}: the node plugin cannot run on the GPU nodes, so the job's volume never mounts")
+    assert driver.inputs["values"]["controller"]["nodeSelector"] == SYSTEM_NODE_LABEL
 
 
 def test_csi_controller_has_fsx_access_through_pod_identity_before_it_starts(recording: Recording):
-    release = fsx_release(recording)
-    account = release.inputs["values"]["controller"]["serviceAccount"]["name"]
-    [assoc] = [r for r in recording.of_type(POD_IDENTITY)
-               if (r.inputs["namespace"], r.inputs["serviceAccount"]) == (release.inputs["namespace"], account)]
-    [role] = [r for r in recording.of_type("aws:iam/role:Role") if assoc.inputs["roleArn"].endswith(f":{r.name}")]
-    trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
-    assert [s["Principal"] for s in trust] == [{"Service": "pods.eks.amazonaws.com"}], f"{role.name} trust {trust}"
-    policies = [r.inputs["policyArn"] for r in recording.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
-                if r.inputs["role"] == role.name]
-    assert policies == ["arn:aws:iam::aws:policy/AmazonFSxFullAccess"], f"{role.name}: {policies}"
-    assert assoc.name in release.dependencies, f"{release.name} starts before its credentials exist"
+    driver = release(recording, versions.FSX_CSI_DRIVER)
+    account = driver.inputs["values"]["controller"]["serviceAccount"]["name"]
+    assoc, role, policy = pod_identity(recording, driver.inputs["namespace"], account)
+    assert trusted_by_pod_identity(role), f"{role.name}: EKS Pod Identity cannot assume it"
+    assert policy == "arn:aws:iam::aws:policy/AmazonFSxFullAccess", f"{role.name}: {policy}"
+    assert assoc.name in driver.dependencies, f"{driver.name} starts before its credentials exist"
     assert "cluster-pod-identity-agent" in assoc.dependencies
 
 

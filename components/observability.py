@@ -52,7 +52,7 @@ import yaml
 
 from components import versions
 from components.dashboards import gpu_training
-from components.gpu_nodes import GPU_TOLERATION, gpu_node_placement
+from components.gpu_nodes import gpu_node_placement
 from components.helm import helm_release
 from components.pod_identity import pod_identity_role
 from components.settings import ObservabilitySettings
@@ -172,8 +172,9 @@ def kube_prometheus_stack_values(
             },
         },
         "kube-state-metrics": dict(on_system),
-        # A DaemonSet that belongs everywhere, GPU nodes included.
-        "prometheus-node-exporter": {"tolerations": [GPU_TOLERATION]},
+        # A DaemonSet that belongs everywhere, GPU nodes included: the chart's own default (any
+        # NoSchedule taint), spelt out so that it is not replaced by a narrower list.
+        "prometheus-node-exporter": {"tolerations": [{"operator": "Exists", "effect": "NoSchedule"}]},
     }
 
 

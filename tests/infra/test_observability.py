@@ -154,7 +154,10 @@ def test_monitoring_runs_on_system_nodes_node_exporter_everywhere(recording: Rec
         for key in path:
             node = node[key]
         assert node["nodeSelector"] == SYSTEM_NODE_LABEL, ".".join(path)
-    assert tolerates(values["prometheus-node-exporter"]["tolerations"], GPU_TAINT)
+    node_exporter = values["prometheus-node-exporter"]["tolerations"]
+    assert tolerates(node_exporter, GPU_TAINT)
+    assert tolerates(node_exporter, {"key": "dedicated", "value": "team-a", "effect": "NoSchedule"}), (
+        "node-exporter belongs on every node, whatever NoSchedule taint it carries")
 
 
 def test_grafana_password_only_through_a_secret(recording: Recording):

@@ -371,19 +371,12 @@ class Observability(pulumi.ComponentResource):
     def _in_cluster(self, args: ObservabilityArgs, *after: pulumi.Resource) -> pulumi.ResourceOptions:
         return pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[*args.ready, *after])
 
-    def _pod_identity_role(
-        self, name: str, args: ObservabilityArgs, policy_arn: str, service_account: tuple[str, str]
-    ) -> tuple[aws.iam.Role, list[pulumi.Resource]]:
-        """A role for one service account through EKS Pod Identity; returns it and what the add-on waits for."""
-        assert args.eks is not None
-        return pod_identity_role(
-            name, cluster_name=args.eks.cluster_name, service_account=service_account, policy_arn=policy_arn,
-            parent=self, ready=args.ready,
-        )
-
     def _ebs_csi_driver(self, name: str, args: ObservabilityArgs) -> aws.eks.Addon:
         assert args.eks is not None
-        _, first = self._pod_identity_role(f"{name}-ebs-csi", args, EBS_CSI_POLICY, EBS_CSI_SERVICE_ACCOUNT)
+        _, first = pod_identity_role(
+            f"{name}-ebs-csi", cluster_name=args.eks.cluster_name, service_account=EBS_CSI_SERVICE_ACCOUNT,
+            policy_arn=EBS_CSI_POLICY, parent=self, ready=args.ready,
+        )
         return aws.eks.Addon(
             f"{name}-ebs-csi",
             cluster_name=args.eks.cluster_name,
@@ -419,8 +412,9 @@ class Observability(pulumi.ComponentResource):
     def _cloudwatch(self, name: str, args: ObservabilityArgs) -> aws.eks.Addon:
         """Container Insights, its own DCGM exporter off (``cloudwatch_configuration``)."""
         assert args.eks is not None
-        _, first = self._pod_identity_role(
-            f"{name}-cloudwatch", args, CLOUDWATCH_POLICY, CLOUDWATCH_SERVICE_ACCOUNT
+        _, first = pod_identity_role(
+            f"{name}-cloudwatch", cluster_name=args.eks.cluster_name, service_account=CLOUDWATCH_SERVICE_ACCOUNT,
+            policy_arn=CLOUDWATCH_POLICY, parent=self, ready=args.ready,
         )
         return aws.eks.Addon(
             f"{name}-cloudwatch",

@@ -167,7 +167,6 @@ class SharedStorage(pulumi.ComponentResource):
         self.csi_driver = self._csi_driver(name, args)
         self.volume = self._volume(name, args)
         self.file_system_id = self.file_system.id
-        self.claim_name = CLAIM_NAME
         self.claim = SharedClaim(
             name=CLAIM_NAME,
             manifest=claim_manifest(
@@ -183,7 +182,7 @@ class SharedStorage(pulumi.ComponentResource):
                 "mount_name": self.file_system.mount_name,
                 "security_group_id": self.security_group.id,
                 "volume_name": self.volume_name(args),
-                "claim_name": self.claim_name,
+                "claim_name": self.claim.name,
             }
         )
 

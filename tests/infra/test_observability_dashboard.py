@@ -129,7 +129,7 @@ def test_counters_are_rated_and_gauges_are_not(model: dict):
 def test_layout_and_identity(model: dict):
     ids = [p["id"] for p in model["panels"]]
     assert ids == list(range(1, len(ids) + 1))
-    assert model["uid"] == gpu_training.UID and len(model["uid"]) <= 40
+    assert len(model["uid"]) <= 40, "Grafana's limit on a dashboard uid"
     for panel in model["panels"]:
         pos = panel["gridPos"]
         assert pos["x"] + pos["w"] <= 24, panel["title"]

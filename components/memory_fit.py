@@ -258,7 +258,7 @@ def fit_problems(s: Settings) -> list[Problem]:
     if j.model == TINY_MODEL:
         return []
     if j.model_parameters is not None and j.model_parameters <= 0:
-        return [Problem("job.modelParameters", j.model_parameters, "give the parameter count in billions, e.g. 8.0")]
+        return []  # the job rules report it; nothing sensible to estimate
     shape = model_shape(j.model, j.model_parameters)
     if shape is None:
         return [Problem("job.modelParameters", None,

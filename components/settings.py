@@ -509,6 +509,9 @@ def _job_rules(s: Settings) -> list[Problem]:
         problems.append(Problem("job.maxRestarts", j.max_restarts, "must be 0 or more"))
     if not 0 < j.learning_rate < 1:
         problems.append(Problem("job.learningRate", j.learning_rate, "use a value in (0, 1), e.g. 2e-5"))
+    if j.model_parameters is not None and j.model_parameters <= 0:
+        problems.append(Problem("job.modelParameters", j.model_parameters,
+                                "give the parameter count in billions, e.g. 8.0"))
     if j.gpus_per_node is not None and not 1 <= j.gpus_per_node <= p.gpus:
         problems.append(Problem("job.gpusPerNode", j.gpus_per_node, f"use 1..{p.gpus} ({p.instance_type})"))
     if j.efa_per_node is not None and not 0 <= j.efa_per_node <= p.efa_interfaces:

@@ -100,6 +100,14 @@ def test_unknown_model_with_parameters_is_estimated():
     assert "180.00B parameters" in message
 
 
+@pytest.mark.parametrize("billions", [0, -7.0])
+def test_a_parameter_count_that_is_not_positive_is_refused(billions: float):
+    """Checked against the settings error: the key is named once, with the unit it wants."""
+    error = settings_error(raw("p5", model="mistralai/Mistral-7B-v0.1", modelParameters=billions))
+    problems = [p for p in error.problems if p.key == "job.modelParameters"]
+    assert len(problems) == 1 and "in billions" in str(problems[0]), problems
+
+
 @pytest.mark.parametrize("model, billions", [
     ("meta-llama/Llama-2-7b-hf", 6.74), ("meta-llama/Llama-2-13b-hf", 13.0), ("meta-llama/Llama-2-70b-hf", 69.0),
 ])

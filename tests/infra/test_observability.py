@@ -30,7 +30,6 @@ from tests.harness import (DUMMY_SECRETS, GPU_TAINT, HELM, POD_IDENTITY, Recordi
 
 ADDON = "aws:eks/addon:Addon"
 PASSWORD = DUMMY_SECRETS["fsdp-eks:grafanaAdminPassword"]
-KUBERNETES_VERSION = "1.33"
 
 CHART_DEFAULT_METRICS = {
     "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_GPU_TEMP",
@@ -64,6 +63,11 @@ HEALTH_METRICS = {
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def kubernetes_version(stack: str) -> str:
+    """The cluster's Kubernetes version, as the stack file sets it."""
+    return stack_config(stack)["fsdp-eks:cluster"]["kubernetesVersion"]
 
 
 def with_observability(stack: str, **changes) -> dict:
@@ -217,9 +221,9 @@ def test_prometheus_storage_and_retention(recording: Recording, stack: str):
     )
 
 
-def test_ebs_csi_driver_addon_with_pod_identity(recording: Recording):
+def test_ebs_csi_driver_addon_with_pod_identity(recording: Recording, stack: str):
     [addon] = addons(recording, "aws-ebs-csi-driver")
-    assert addon.inputs["addonVersion"] == versions.EKS_ADDONS[KUBERNETES_VERSION]["aws-ebs-csi-driver"]
+    assert addon.inputs["addonVersion"] == versions.EKS_ADDONS[kubernetes_version(stack)]["aws-ebs-csi-driver"]
     assoc, role, policy = pod_identity(recording, "kube-system", "ebs-csi-controller-sa")
     assert trusted_by_pod_identity(role)
     assert policy == "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"
@@ -241,12 +245,12 @@ def test_options_are_off_by_default(recording: Recording):
     assert "gpu-debug-tools" not in names
 
 
-def test_core_objects_are_valid_kubernetes(recording: Recording):
+def test_core_objects_are_valid_kubernetes(recording: Recording, stack: str):
     kinds = ("Namespace", "Secret", "ConfigMap", "StorageClass", "DaemonSet")
     ours = [r for r in recording.resources if r.name.startswith("observability-") and r.inputs.get("kind") in kinds]
     assert {r.inputs["kind"] for r in ours} >= {"Namespace", "Secret", "ConfigMap", "StorageClass"}
     for r in ours:
-        kubernetes_validate.validate(plain(r.inputs), KUBERNETES_VERSION, strict=True)
+        kubernetes_validate.validate(plain(r.inputs), kubernetes_version(stack), strict=True)
 
 
 # --------------------------------------------------------------------------- options and variants
@@ -255,7 +259,8 @@ def test_core_objects_are_valid_kubernetes(recording: Recording):
 def test_cloudwatch_addon_never_adds_a_second_dcgm_exporter():
     recording = options_on()
     [addon] = addons(recording, "amazon-cloudwatch-observability")
-    assert addon.inputs["addonVersion"] == versions.EKS_ADDONS[KUBERNETES_VERSION]["amazon-cloudwatch-observability"]
+    pinned = versions.EKS_ADDONS[kubernetes_version("p5")]["amazon-cloudwatch-observability"]
+    assert addon.inputs["addonVersion"] == pinned
     k8s = json.loads(addon.inputs["configurationValues"])["agent"]["config"]["logs"]["metrics_collected"]["kubernetes"]
     assert k8s["accelerated_compute_metrics"] is False, "the add-on's own DCGM exporter stays off"
     assert k8s["enhanced_container_insights"] is True
@@ -276,7 +281,7 @@ def test_debug_tools_daemonset():
     assert pod["hostPID"] is True, "htop sees the training processes"
     assert "nvidia.com/gpu" not in json.dumps(container.get("resources", {})), "takes no GPU from the job"
     assert container["command"][-1].endswith("exec sleep infinity")
-    kubernetes_validate.validate(plain(ds.inputs), KUBERNETES_VERSION, strict=True)
+    kubernetes_validate.validate(plain(ds.inputs), kubernetes_version("p5"), strict=True)
 
 
 def test_existing_cluster_gets_no_aws_resources_but_the_same_monitoring():

@@ -76,24 +76,19 @@ def with_observability(stack: str, **changes) -> dict:
     return config
 
 
-_RUNS: dict[str, Recording] = {}
+@pytest.fixture(scope="module")
+def options_recording() -> Recording:
+    """p5 with the CloudWatch add-on and the debug tools on (one extra program run)."""
+    return run_program(with_observability("p5", cloudwatchContainerInsights=True, debugTools=True))
 
 
-def options_on() -> Recording:
-    """p5 with the CloudWatch add-on and the debug tools on (run once)."""
-    if "options" not in _RUNS:
-        _RUNS["options"] = run_program(with_observability("p5", cloudwatchContainerInsights=True, debugTools=True))
-    return _RUNS["options"]
-
-
-def existing_cluster() -> Recording:
-    """p5's in-cluster layers onto a cluster created elsewhere (run once)."""
-    if "existing" not in _RUNS:
-        config = copy.deepcopy(stack_config("p5"))
-        config["fsdp-eks:cluster"] = {**config["fsdp-eks:cluster"], "existingClusterName": "shared-gpu"}
-        config["fsdp-eks:storage"] = {"existingClaimName": "checkpoints"}  # FSx only on a cluster of ours
-        _RUNS["existing"] = run_program(config)
-    return _RUNS["existing"]
+@pytest.fixture(scope="module")
+def existing_recording() -> Recording:
+    """p5's in-cluster layers onto a cluster created elsewhere (one extra program run)."""
+    config = copy.deepcopy(stack_config("p5"))
+    config["fsdp-eks:cluster"] = {**config["fsdp-eks:cluster"], "existingClusterName": "shared-gpu"}
+    config["fsdp-eks:storage"] = {"existingClaimName": "checkpoints"}  # FSx only on a cluster of ours
+    return run_program(config)
 
 
 def addons(recording: Recording, name: str) -> list[Registration]:
@@ -256,23 +251,21 @@ def test_core_objects_are_valid_kubernetes(recording: Recording, stack: str):
 # --------------------------------------------------------------------------- options and variants
 
 
-def test_cloudwatch_addon_never_adds_a_second_dcgm_exporter():
-    recording = options_on()
-    [addon] = addons(recording, "amazon-cloudwatch-observability")
+def test_cloudwatch_addon_never_adds_a_second_dcgm_exporter(options_recording: Recording):
+    [addon] = addons(options_recording, "amazon-cloudwatch-observability")
     pinned = versions.EKS_ADDONS[kubernetes_version("p5")]["amazon-cloudwatch-observability"]
     assert addon.inputs["addonVersion"] == pinned
     k8s = json.loads(addon.inputs["configurationValues"])["agent"]["config"]["logs"]["metrics_collected"]["kubernetes"]
     assert k8s["accelerated_compute_metrics"] is False, "the add-on's own DCGM exporter stays off"
     assert k8s["enhanced_container_insights"] is True
-    release(recording, versions.DCGM_EXPORTER)  # still exactly one of ours
-    _, role, policy = pod_identity(recording, "amazon-cloudwatch", "cloudwatch-agent")
+    release(options_recording, versions.DCGM_EXPORTER)  # still exactly one of ours
+    _, role, policy = pod_identity(options_recording, "amazon-cloudwatch", "cloudwatch-agent")
     assert trusted_by_pod_identity(role)
     assert policy == "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy"
 
 
-def test_debug_tools_daemonset():
-    recording = options_on()
-    [ds] = [r for r in recording.of_type("kubernetes:apps/v1:DaemonSet")
+def test_debug_tools_daemonset(options_recording: Recording):
+    [ds] = [r for r in options_recording.of_type("kubernetes:apps/v1:DaemonSet")
             if r.inputs["metadata"]["name"] == "gpu-debug-tools"]
     pod = ds.inputs["spec"]["template"]["spec"]
     [container] = pod["containers"]
@@ -284,15 +277,14 @@ def test_debug_tools_daemonset():
     kubernetes_validate.validate(plain(ds.inputs), kubernetes_version("p5"), strict=True)
 
 
-def test_existing_cluster_gets_no_aws_resources_but_the_same_monitoring():
-    recording = existing_cluster()
-    assert addons(recording, "aws-ebs-csi-driver") == [], "an existing cluster brings its EBS CSI driver"
-    assert [r for r in recording.of_type(POD_IDENTITY)] == []
-    release(recording, versions.KUBE_PROMETHEUS_STACK)
-    release(recording, versions.DCGM_EXPORTER)
-    assert recording.of_type("kubernetes:storage.k8s.io/v1:StorageClass")
-    assert "grafana_command" in recording.exports
-    values = release(recording, versions.KUBE_PROMETHEUS_STACK).inputs["values"]
+def test_existing_cluster_gets_no_aws_resources_but_the_same_monitoring(existing_recording: Recording):
+    assert addons(existing_recording, "aws-ebs-csi-driver") == [], "an existing cluster brings its EBS CSI driver"
+    assert [r for r in existing_recording.of_type(POD_IDENTITY)] == []
+    release(existing_recording, versions.KUBE_PROMETHEUS_STACK)
+    release(existing_recording, versions.DCGM_EXPORTER)
+    assert existing_recording.of_type("kubernetes:storage.k8s.io/v1:StorageClass")
+    assert "grafana_command" in existing_recording.exports
+    values = release(existing_recording, versions.KUBE_PROMETHEUS_STACK).inputs["values"]
     assert values["prometheus"]["prometheusSpec"]["nodeSelector"] == {}, (
         "an existing cluster's nodes lack our system label: Prometheus would never schedule")
 

@@ -372,17 +372,26 @@ class Observability(pulumi.ComponentResource):
         return pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[*args.ready, *after])
 
     def _ebs_csi_driver(self, name: str, args: ObservabilityArgs) -> aws.eks.Addon:
+        return self._addon(f"{name}-ebs-csi", args, "aws-ebs-csi-driver", EBS_CSI_SERVICE_ACCOUNT, EBS_CSI_POLICY)
+
+    def _addon(
+        self, resource_name: str, args: ObservabilityArgs, addon_name: str, service_account: tuple[str, str],
+        policy_arn: str, *after: pulumi.Resource, configuration_values: str | None = None,
+    ) -> aws.eks.Addon:
+        """A pinned EKS add-on whose service account gets ``policy_arn`` through Pod Identity
+        (the association exists first, so its pods start with credentials)."""
         assert args.eks is not None
         _, first = pod_identity_role(
-            f"{name}-ebs-csi", cluster_name=args.eks.cluster_name, service_account=EBS_CSI_SERVICE_ACCOUNT,
-            policy_arn=EBS_CSI_POLICY, parent=self, ready=args.ready,
+            resource_name, cluster_name=args.eks.cluster_name, service_account=service_account,
+            policy_arn=policy_arn, parent=self, ready=args.ready,
         )
         return aws.eks.Addon(
-            f"{name}-ebs-csi",
+            resource_name,
             cluster_name=args.eks.cluster_name,
-            addon_name="aws-ebs-csi-driver",
-            addon_version=versions.EKS_ADDONS[args.eks.kubernetes_version]["aws-ebs-csi-driver"],
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[*first, *args.ready]),
+            addon_name=addon_name,
+            addon_version=versions.EKS_ADDONS[args.eks.kubernetes_version][addon_name],
+            configuration_values=configuration_values,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*first, *args.ready, *after]),
         )
 
     def _storage_class(self, name: str, args: ObservabilityArgs) -> k8s.storage.v1.StorageClass:
@@ -411,17 +420,10 @@ class Observability(pulumi.ComponentResource):
 
     def _cloudwatch(self, name: str, args: ObservabilityArgs) -> aws.eks.Addon:
         """Container Insights, its own DCGM exporter off (``cloudwatch_configuration``)."""
-        assert args.eks is not None
-        _, first = pod_identity_role(
-            f"{name}-cloudwatch", cluster_name=args.eks.cluster_name, service_account=CLOUDWATCH_SERVICE_ACCOUNT,
-            policy_arn=CLOUDWATCH_POLICY, parent=self, ready=args.ready,
-        )
-        return aws.eks.Addon(
-            f"{name}-cloudwatch",
-            cluster_name=args.eks.cluster_name,
-            addon_name="amazon-cloudwatch-observability",
-            addon_version=versions.EKS_ADDONS[args.eks.kubernetes_version]["amazon-cloudwatch-observability"],
-            configuration_values=json.dumps(cloudwatch_configuration()),
+        return self._addon(
+            f"{name}-cloudwatch", args, "amazon-cloudwatch-observability", CLOUDWATCH_SERVICE_ACCOUNT,
+            CLOUDWATCH_POLICY,
             # After kube-prometheus-stack: its monitoring CRDs are then already in place.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[*first, *args.ready, self.stack_release]),
+            self.stack_release,
+            configuration_values=json.dumps(cloudwatch_configuration()),
         )

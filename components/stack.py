@@ -33,96 +33,119 @@ def gpu_nodes_command(profile_instance_type: str) -> str:
 
 
 def build_stack(settings: Settings) -> dict[str, object]:
-    """Create every component for ``settings`` and return the stack outputs."""
+    """Create every component for ``settings`` and return the stack outputs: the cluster (new or
+    existing, with its GPU nodes and shared storage), the device plugins, observability, then the
+    image, operator and job."""
     outputs: dict[str, object] = {}
-    # Where the job's checkpoints go: a claim every worker mounts, or (None) each node's NVMe.
-    shared = None if settings.storage.existing_claim_name is None else SharedClaim(
-        name=settings.storage.existing_claim_name
-    )
     if settings.creates_cluster:
-        network = Network(
-            "network",
-            NetworkArgs(
-                name=settings.name,
-                settings=settings.network,
-                gpu_availability_zone=settings.gpu_nodes.availability_zone,
-                region=settings.region,
-            ),
-        )
-        cluster = EksCluster(
-            "cluster",
-            EksClusterArgs(
-                name=settings.name,
-                settings=settings.cluster,
-                vpc_id=network.vpc_id,
-                private_subnet_ids=network.private_subnet_ids,
-                public_subnet_ids=network.public_subnet_ids,
-            ),
-        )
-        gpu = GpuNodeGroup(
-            "gpu",
-            GpuNodeGroupArgs(
-                name=settings.name,
-                cluster_name=cluster.cluster_name,
-                profile=settings.profile,
-                settings=settings.gpu_nodes,
-                vpc_id=network.vpc_id,
-                subnet_ids=network.gpu_subnet_ids,
-                cluster_security_group_id=cluster.cluster_security_group_id,
-                node_role_arn=cluster.node_role.arn,
-                lustre_client=settings.storage.fsx,
-            ),
-            opts=pulumi.ResourceOptions(depends_on=[cluster]),
-        )
-        outputs["gpu_node_group"] = gpu.node_group_name
-        if settings.storage.fsx:
-            storage = SharedStorage(
-                "storage",
-                SharedStorageArgs(
-                    name=settings.name,
-                    settings=settings.storage,
-                    namespace=settings.job.namespace,
-                    cluster_name=cluster.cluster_name,
-                    vpc_id=network.vpc_id,
-                    gpu_subnet_ids=network.gpu_subnet_ids,
-                    cluster_security_group_id=cluster.cluster_security_group_id,
-                    provider=cluster.provider,
-                    ready=cluster.ready,
-                ),
-            )
-            shared = storage.claim
-            outputs["fsx_file_system_id"] = storage.file_system_id
+        cluster, shared = _new_cluster(settings, outputs)
     else:
-        cluster = ExistingCluster(
-            "cluster", ExistingClusterArgs(name=settings.cluster.existing_cluster_name, region=settings.region)
-        )
+        cluster, shared = _existing_cluster(settings), _existing_claim(settings)
     DevicePlugins("device-plugins", DevicePluginsArgs(provider=cluster.provider))
     # Before the training job: its PodMonitor needs the monitoring CRDs (depends_on=[observability]).
-    observability = None
-    if settings.observability.enabled:
-        observability = Observability(
-            "observability",
-            ObservabilityArgs(
-                name=settings.name,
-                settings=settings.observability,
-                provider=cluster.provider,
-                grafana_admin_password=settings.secrets.grafana_admin_password,
-                system_node_selector=cluster.system_node_selector,
-                eks=(
-                    EksAddonTarget(cluster_name=cluster.cluster_name,
-                                   kubernetes_version=settings.cluster.kubernetes_version)
-                    if settings.creates_cluster
-                    else None
-                ),
-                ready=cluster.ready,
-            ),
-        )
-        outputs["grafana_command"] = observability.grafana_port_forward_command
+    observability = _observability(settings, cluster, outputs)
     outputs["cluster_name"] = cluster.cluster_name
     outputs["kubeconfig"] = cluster.kubeconfig
     outputs["gpu_nodes_command"] = gpu_nodes_command(settings.profile.instance_type)
     outputs.update(_training(settings, cluster, monitoring=[observability] if observability else None, shared=shared))
     return outputs
+
+
+def _existing_claim(settings: Settings) -> SharedClaim | None:
+    """Where the job's checkpoints go: a claim every worker mounts, or (None) each node's NVMe."""
+    name = settings.storage.existing_claim_name
+    return None if name is None else SharedClaim(name=name)
+
+
+def _existing_cluster(settings: Settings) -> ExistingCluster:
+    return ExistingCluster(
+        "cluster", ExistingClusterArgs(name=settings.cluster.existing_cluster_name, region=settings.region)
+    )
+
+
+def _new_cluster(settings: Settings, outputs: dict[str, object]) -> tuple[EksCluster, SharedClaim | None]:
+    """Network, EKS cluster, GPU node group and (with FSx) the shared storage; adds their outputs.
+    Returns the cluster and the checkpoint claim (FSx's, else an existing one, else None)."""
+    network = Network(
+        "network",
+        NetworkArgs(
+            name=settings.name,
+            settings=settings.network,
+            gpu_availability_zone=settings.gpu_nodes.availability_zone,
+            region=settings.region,
+        ),
+    )
+    cluster = EksCluster(
+        "cluster",
+        EksClusterArgs(
+            name=settings.name,
+            settings=settings.cluster,
+            vpc_id=network.vpc_id,
+            private_subnet_ids=network.private_subnet_ids,
+            public_subnet_ids=network.public_subnet_ids,
+        ),
+    )
+    gpu = GpuNodeGroup(
+        "gpu",
+        GpuNodeGroupArgs(
+            name=settings.name,
+            cluster_name=cluster.cluster_name,
+            profile=settings.profile,
+            settings=settings.gpu_nodes,
+            vpc_id=network.vpc_id,
+            subnet_ids=network.gpu_subnet_ids,
+            cluster_security_group_id=cluster.cluster_security_group_id,
+            node_role_arn=cluster.node_role.arn,
+            lustre_client=settings.storage.fsx,
+        ),
+        opts=pulumi.ResourceOptions(depends_on=[cluster]),
+    )
+    outputs["gpu_node_group"] = gpu.node_group_name
+    if not settings.storage.fsx:
+        return cluster, _existing_claim(settings)
+    storage = SharedStorage(
+        "storage",
+        SharedStorageArgs(
+            name=settings.name,
+            settings=settings.storage,
+            namespace=settings.job.namespace,
+            cluster_name=cluster.cluster_name,
+            vpc_id=network.vpc_id,
+            gpu_subnet_ids=network.gpu_subnet_ids,
+            cluster_security_group_id=cluster.cluster_security_group_id,
+            provider=cluster.provider,
+            ready=cluster.ready,
+        ),
+    )
+    outputs["fsx_file_system_id"] = storage.file_system_id
+    return cluster, storage.claim
+
+
+def _observability(
+    settings: Settings, cluster: EksCluster | ExistingCluster, outputs: dict[str, object]
+) -> Observability | None:
+    """The monitoring stack when enabled (None otherwise); adds the Grafana command to outputs."""
+    if not settings.observability.enabled:
+        return None
+    observability = Observability(
+        "observability",
+        ObservabilityArgs(
+            name=settings.name,
+            settings=settings.observability,
+            provider=cluster.provider,
+            grafana_admin_password=settings.secrets.grafana_admin_password,
+            system_node_selector=cluster.system_node_selector,
+            eks=(
+                EksAddonTarget(cluster_name=cluster.cluster_name,
+                               kubernetes_version=settings.cluster.kubernetes_version)
+                if settings.creates_cluster
+                else None
+            ),
+            ready=cluster.ready,
+        ),
+    )
+    outputs["grafana_command"] = observability.grafana_port_forward_command
+    return observability
 
 
 def _training(

@@ -42,6 +42,7 @@ from components.settings import (
 )
 from training import config as training_config
 from training.config import TINY_MODEL
+from training.shapes import ModelShape, shape_of_model
 
 GIB = 1024**3
 STATE_BYTES_PER_PARAM = 16
@@ -50,63 +51,6 @@ BUDGET_FRACTION = 0.9
 COMPILED_ACTIVATION_FACTOR = 127.0 / 153.6
 """Measured activations of a compiled Llama block over this module's eager formula."""
 MAX_SUGGESTED_NODES = 64
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelShape:
-    """What the estimate needs to know about a decoder-only (Llama-style) model."""
-
-    parameters: float
-    """Parameter count (published)."""
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    vocab: int
-
-    @property
-    def kv_width(self) -> int:
-        """Width of the key (and of the value) projection: kv heads x head dim."""
-        return self.kv_heads * self.hidden // self.heads
-
-    @property
-    def layer_parameters(self) -> int:
-        """Parameters of one decoder layer: q, o (h x h), k, v (h x h_kv), gate/up/down (h x i)."""
-        return 2 * self.hidden**2 + 2 * self.hidden * self.kv_width + 3 * self.hidden * self.intermediate
-
-    @property
-    def largest_unit(self) -> int:
-        """Parameters of the largest FSDP unit: a layer, or the root (embedding + output head)."""
-        return max(self.layer_parameters, 2 * self.vocab * self.hidden)
-
-
-def _llama2(parameters: float, layers: int, hidden: int, intermediate: int, heads: int, kv_heads: int) -> ModelShape:
-    return ModelShape(parameters=parameters, layers=layers, hidden=hidden, intermediate=intermediate,
-                      heads=heads, kv_heads=kv_heads, vocab=32000)
-
-
-def _llama3(parameters: float, layers: int, hidden: int, intermediate: int, heads: int) -> ModelShape:
-    return ModelShape(parameters=parameters, layers=layers, hidden=hidden, intermediate=intermediate,
-                      heads=heads, kv_heads=8, vocab=128256)
-
-
-_LLAMA2 = {
-    "7b": _llama2(6.74e9, 32, 4096, 11008, 32, 32),
-    "13b": _llama2(13.0e9, 40, 5120, 13824, 40, 40),
-    "70b": _llama2(69.0e9, 80, 8192, 28672, 64, 8),
-}
-_LLAMA3 = {"8b": _llama3(8.03e9, 32, 4096, 14336, 32), "70b": _llama3(70.6e9, 80, 8192, 28672, 64)}
-
-KNOWN_MODELS: dict[str, ModelShape] = {
-    **{f"meta-llama/llama-2-{size}-hf": shape for size, shape in _LLAMA2.items()},
-    **{f"meta-llama/llama-2-{size}-chat-hf": shape for size, shape in _LLAMA2.items()},
-    **{f"meta-llama/{prefix}-{size}{suffix}": shape
-       for size, shape in _LLAMA3.items()
-       for prefix in ("meta-llama-3", "meta-llama-3.1", "llama-3.1")
-       for suffix in ("", "-instruct")},
-}
-"""Shapes from each model's config.json on the Hugging Face hub, keyed by lower-cased model id."""
 
 
 def approximate_shape(parameters: float) -> ModelShape:
@@ -123,8 +67,9 @@ def approximate_shape(parameters: float) -> ModelShape:
 
 
 def model_shape(model: str, parameters_billion: float | None) -> ModelShape | None:
-    """The shape of ``model``; a given parameter count overrides the table's. None if unknown."""
-    known = KNOWN_MODELS.get(model.lower())
+    """The shape of ``model`` (the table of training/shapes.py); a given parameter count
+    overrides the table's. None if unknown."""
+    known = shape_of_model(model)
     if parameters_billion is None:
         return known
     if known is not None:

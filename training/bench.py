@@ -39,7 +39,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
-from training import hub, tiny  # noqa: E402
+from training import hub, shapes, tiny  # noqa: E402
 from training.config import JobConfig, flag, parse_args  # noqa: E402
 from training.dist import DistEnv, init_distributed  # noqa: E402
 from training.finetune import (WarmupCosine, _build_model, _build_optimizer,  # noqa: E402
@@ -54,17 +54,13 @@ log = logging.getLogger("training.bench")
 
 GIB = 2**30
 SHAPES: dict[str, dict] = {
-    "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                      num_attention_heads=32, num_key_value_heads=32, vocab_size=32000),
-    "llama2-13b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
-                       num_attention_heads=40, num_key_value_heads=40, vocab_size=32000),
-    "llama2-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-                       num_attention_heads=64, num_key_value_heads=8, vocab_size=32000),
+    **{name: shape.llama_config() for name, shape in shapes.SHAPES.items()},
     "tiny": {k: tiny.LLAMA_KWARGS[k] for k in (
         "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "vocab_size")},
 }
-"""Llama 2 shapes from the models' config.json; tiny is the package's test preset."""
+"""The package's shapes table (training/shapes.py) as LlamaConfig arguments; tiny is the
+package's test preset."""
 SHAPE_FLAGS = {"layers": "num_hidden_layers", "hidden": "hidden_size",
                "intermediate": "intermediate_size", "heads": "num_attention_heads",
                "kv_heads": "num_key_value_heads", "vocab": "vocab_size"}

@@ -85,10 +85,10 @@ def _gpu_node_rules(s: Settings) -> list[Problem]:
         problems.append(
             Problem("gpuNodes.capacityReservationId", rid, "give the reservation id, cr- followed by hex digits")
         )
-    if s.profile_name == "p4de" and rid is None:
+    if s.profile.reservation_only and rid is None:
         problems.append(
             Problem("gpuNodes.capacityReservationId", None,
-                    "p4de.24xlarge is only sold through capacity reservations: set the ODCR id "
+                    f"{s.profile.instance_type} is only sold through capacity reservations: set the ODCR id "
                     "(pulumi config set --path gpuNodes.capacityReservationId cr-...)")
         )
     if g.capacity_block and rid is None:

@@ -14,12 +14,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from components.hardware import PROFILES  # noqa: E402
 from training.bench import SHAPES  # noqa: E402
 from training.metrics import flops_per_token  # noqa: E402
 from training.scaling_model import Cluster, predict  # noqa: E402
 
 RUNS = ROOT / "docs" / "benchmarks" / "h200"
-PEAK_H100, PEAK_A100 = 989.5e12, 312e12
+PEAK_H100 = PROFILES["p5"].gpu_peak_bf16_flops
 ANCHORS = [  # the issue's table: 2 x H200, Llama-2-7B, seq 4096, batch 3/GPU
     ("plain HF + FSDP2, full AC", 7896), ("llama-cookbook, full AC", 8234),
     ("torchtitan, full AC, compile", 9855), ("torchtitan, selective AC, compile", 10776),
@@ -77,10 +78,14 @@ def config_chart() -> None:
     fig.savefig(ROOT / "docs" / "perf_tokens_by_config.png", dpi=110)
 
 
+NVLINK_BUSBW_GBS = {"p5": 240.0, "p4de": 230.0}
+"""NCCL bus bandwidth inside a node: measured on 2 H200s (docs/performance.md); p4de assumed."""
 CLUSTERS = {
-    "p5": dict(gpus_per_node=8, network_gbps=3200.0, nvlink_busbw_gbs=240.0, peak=PEAK_H100),
-    "p4de": dict(gpus_per_node=8, network_gbps=400.0, nvlink_busbw_gbs=230.0, peak=PEAK_A100),
+    name: dict(gpus_per_node=PROFILES[name].gpus, network_gbps=float(PROFILES[name].network_gbps),
+               nvlink_busbw_gbs=busbw, peak=PROFILES[name].gpu_peak_bf16_flops)
+    for name, busbw in NVLINK_BUSBW_GBS.items()
 }
+"""The instance profiles (components/hardware.py) as the scaling model sees them."""
 
 
 def one_node_steps() -> dict[str, tuple[float, str]]:

@@ -85,7 +85,7 @@ Kubernetes >= 1.20 (its install guide), so one pin serves every version in EKS_A
 
 A Helm release, not the ``aws-fsx-csi-driver`` EKS add-on (which exists and takes Pod Identity):
 no add-on build could be confirmed for each pinned Kubernetes version, and the release's values
-(the GPU-taint toleration) are visible to the tests under mocks (DESIGN.md section 4)."""
+(the GPU-taint toleration) are visible to the tests under mocks (docs/design.md#verifying-without-aws)."""
 FSX_LUSTRE_VERSION = "2.15"
 """Lustre version of the file system (``file_system_type_version``; valid for PERSISTENT_2)."""
 

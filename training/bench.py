@@ -10,7 +10,7 @@ forward, AC, compile, fully_shard), with the same optimizer (`_build_optimizer`)
 `train_step`; only the weights (random, or `--model DIR` through the real loading path) and the
 data (uniform random token ids) differ. No special fast path.
 
-Method (DESIGN.md section 5): `--bench-warmup` steps (compilation, allocator growth) are excluded;
+Method (docs/design.md#measuring-speed): `--bench-warmup` steps (compilation, allocator growth) are excluded;
 then `--bench-steps` steps are timed without a host sync between them (the host queues ahead, as
 in `train_step`), with CUDA events at step boundaries for the per-step spread and one wall-clock
 interval for the mean. tokens/s/GPU = per-GPU tokens per step / mean step time; MFU = tokens/s/GPU

@@ -191,7 +191,7 @@ def _micro_batches(run: _Run, device: torch.device) -> list[tuple[torch.Tensor, 
 
 
 def _describe(cfg: JobConfig, env: DistEnv, model: nn.Module) -> dict:
-    """What DESIGN.md section 5 asks to report beside every speed number."""
+    """What docs/design.md#measuring-speed asks to report beside every speed number."""
     total, embedding, flops_token = model_flops(model, cfg.data.seq_len)
     mcfg = model.config
     global_seqs = env.world_size * cfg.train.batch_size * cfg.train.grad_accum

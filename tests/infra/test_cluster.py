@@ -1,6 +1,6 @@
 """Both stacks, run whole under mocks: the field facts of GPU nodes, EFA and the cluster.
 
-Checked against DESIGN.md section 3 (EC2's EFA guide, terraform-aws-eks' EFA launch template,
+Checked against docs/design.md#gpu-nodes-and-efa (EC2's EFA guide, terraform-aws-eks' EFA launch template,
 the AL2023 nodeadm API, eksctl #7949 on placement groups with reservations). Per-stack facts
 come from the stack file and the hardware table, so the same tests hold for any new stack.
 """

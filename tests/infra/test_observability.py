@@ -1,7 +1,7 @@
 """The monitoring stack under mocks, both stacks and the options: what Kubernetes and AWS receive.
 
 Checked against the charts' documented values (kube-prometheus-stack 91.x, dcgm-exporter 4.8.3),
-DESIGN.md's observability facts (ServiceMonitor pick-up, dashboard label, one DCGM exporter per
+docs/design.md's observability facts (ServiceMonitor pick-up, dashboard label, one DCGM exporter per
 GPU node), the CloudWatch agent operator's GPU opt-out, and Kubernetes' own schemas
 (kubernetes-validate, strict) for the core objects.
 """

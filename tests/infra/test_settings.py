@@ -2,7 +2,7 @@
 
 Each case starts from a stack file of the repository (known to be valid), breaks one thing, and
 asserts that the error names the key a user has to change. Checked against: the rules of
-``issues show 2`` and the field facts of DESIGN.md (reservations, AZs, versions).
+``issues show 2`` and the field facts of docs/design.md (reservations, AZs, versions).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Checked against: the Kubeflow Training Operator v1.9.4 PyTorchJob CRD (tests/fixtures/kubeflow,
 copied from upstream), Kubernetes 1.33's OpenAPI schemas through ``kubernetes-validate`` (strict),
-the operator's elastic env generation and webhook rules (DESIGN.md "Rendezvous and the Training
+the operator's elastic env generation and webhook rules (docs/design.md "Rendezvous and the Training
 Operator"), the profile table (components/hardware.py) and the training package's CLI contract.
 """
 
@@ -162,7 +162,7 @@ def test_pod_lands_on_the_gpu_nodes_with_shm_and_nvme(recording: Recording, stac
 
 
 def test_worker_environment_is_efa_ready_and_debuggable(recording: Recording):
-    """Checked against DESIGN.md (Image): fork-safe EFA, async NCCL errors, the flight recorder
+    """Checked against docs/design.md#image: fork-safe EFA, async NCCL errors, the flight recorder
     writing to local NVMe, NCCL logs that show the provider, and no legacy EFA variables."""
     c = container(job_of(recording))
     env = {e["name"]: e.get("value") for e in c["env"]}
@@ -191,7 +191,7 @@ def test_command_is_torchrun_module_without_flags_the_operator_sets(recording: R
 
 
 def test_elastic_policy_names_the_run_and_the_etcd_service(recording: Recording, stack: str):
-    """Checked against DESIGN.md: rdzvId set per run, min = max = nodes unless asked, etcd host."""
+    """Checked against docs/design.md#rendezvous-and-the-training-operator: rdzvId set per run, min = max = nodes unless asked, etcd host."""
     job = job_of(recording)
     policy = job["spec"]["elasticPolicy"]
     nodes = job_config(stack)["nodes"]
@@ -233,7 +233,7 @@ def test_image_is_our_digest_pinned_ecr_image(recording: Recording):
 
 
 def test_hf_token_reaches_the_pod_only_through_secret_key_ref(recording: Recording):
-    """Checked against DESIGN.md's secrets convention: Secret + secretKeyRef, never inline."""
+    """Checked against docs/design.md#architecture (secrets): Secret + secretKeyRef, never inline."""
     raw_secret = recording.one(SECRET, "training-job-hf-token").inputs
     assert is_secret_value(raw_secret["stringData"]), "stringData must be a Pulumi secret"
     secret = plain(raw_secret)
@@ -256,7 +256,7 @@ def test_the_token_appears_in_no_job_input_and_no_export(recording: Recording):
 
 
 def test_etcd_is_pinned_3_5_with_the_v2_api_on_the_system_nodes(recording: Recording):
-    """Checked against DESIGN.md: torch's etcd backends speak v2, served by 3.5 with --enable-v2."""
+    """Checked against docs/design.md#rendezvous-and-the-training-operator: torch's etcd backends speak v2, served by 3.5 with --enable-v2."""
     deployment = plain(recording.one(DEPLOYMENT, "training-job-etcd-deployment").inputs)
     spec = deployment["spec"]["template"]["spec"]
     (etcd,) = spec["containers"]
@@ -270,7 +270,7 @@ def test_etcd_is_pinned_3_5_with_the_v2_api_on_the_system_nodes(recording: Recor
 
 
 def test_operator_is_the_v1_9_4_standalone_overlay_applied_server_side(recording: Recording):
-    """Checked against DESIGN.md: pinned tag, never master, server-side apply (CRD > 262 kB)."""
+    """Checked against docs/design.md#rendezvous-and-the-training-operator: pinned tag, never master, server-side apply (CRD > 262 kB)."""
     operator = recording.one(KUSTOMIZE)
     directory = operator.inputs["directory"]
     assert directory == "https://github.com/kubeflow/trainer.git//manifests/overlays/standalone?ref=v1.9.4"

@@ -1,6 +1,6 @@
 """The PyTorchJob builder alone: a run is an object, named by what it runs.
 
-Checked against: DESIGN.md's "a finished PyTorchJob does not re-run when re-applied: a new run is
+Checked against: docs/design.md's "a finished PyTorchJob does not re-run when re-applied: a new run is
 a new object" and "without rdzvId every job's run id is the literal none", the operator
 webhook's DNS-1035 name rule, and the training package's CLI (training/config.py's parser).
 """
@@ -91,7 +91,7 @@ def test_model_slug_never_starts_with_a_digit_or_ends_with_a_dash():
 
 
 def test_elastic_only_when_asked():
-    """Checked against DESIGN.md: min = max = nodes by default; bounds passed through otherwise."""
+    """Checked against docs/design.md#rendezvous-and-the-training-operator: min = max = nodes by default; bounds passed through otherwise."""
     fixed = render()["spec"]["elasticPolicy"]
     assert (fixed["minReplicas"], fixed["maxReplicas"]) == (2, 2)
     elastic = render(dataclasses.replace(JobSettings(), min_nodes=1, max_nodes=4))["spec"]["elasticPolicy"]

@@ -1,5 +1,5 @@
 """The benchmark entry point (training/bench.py) on the CPU: the tiny shape, one gloo process,
-in this process (no torchrun start-up), a few steps. Checked against what DESIGN.md section 5
+in this process (no torchrun start-up), a few steps. Checked against what docs/design.md#measuring-speed
 asks to report beside every number, and against the arithmetic of the run itself."""
 
 from __future__ import annotations

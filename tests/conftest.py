@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 
 import pytest
 
@@ -15,14 +17,10 @@ def stack(request) -> str:
     return request.param
 
 
-_RECORDINGS: dict[str, Recording] = {}
-
-
+@functools.cache
 def recording_of(stack: str) -> Recording:
     """The whole program run under mocks for ``stack`` (cached: runs once per stack)."""
-    if stack not in _RECORDINGS:
-        _RECORDINGS[stack] = run_program(stack_config(stack), stack)
-    return _RECORDINGS[stack]
+    return run_program(stack_config(stack), stack)
 
 
 @pytest.fixture(scope="session")
@@ -31,15 +29,21 @@ def recording(stack: str) -> Recording:
     return recording_of(stack)
 
 
-def _fresh_event_loop_after_fork() -> None:
+def _fresh_state_after_fork() -> None:
     """mutmut (docs/testing.md) runs each mutant in a fork of the process that ran the clean
-    tests. The parent's asyncio loop keeps its default thread pool, whose threads a forked child
-    does not have: a Pulumi mock run in the child would wait on it forever. The child gets a loop
-    of its own."""
+    tests. The child must not reuse what the parent computed with the unmutated code (the cached
+    program runs, the training package's cached parser), and the parent's asyncio loop keeps a
+    thread pool whose threads a forked child does not have: a Pulumi mock run would wait on it
+    forever. So every functools cache of ours is cleared and the child gets a loop of its own."""
     import asyncio
 
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] in ("components", "training", "tests"):
+            for value in list(vars(module).values()):
+                if callable(getattr(value, "cache_clear", None)):
+                    value.cache_clear()
     asyncio.set_event_loop(asyncio.new_event_loop())
 
 
 if "MUTANT_UNDER_TEST" in os.environ:  # set by mutmut only
-    os.register_at_fork(after_in_child=_fresh_event_loop_after_fork)
+    os.register_at_fork(after_in_child=_fresh_state_after_fork)

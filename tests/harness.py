@@ -3,7 +3,11 @@ modules share, and Kubernetes rules the tests apply."""
 
 import copy
 import dataclasses
+import functools
 import json
+import os
+import shutil
+import socket
 from typing import Any
 
 import pytest
@@ -32,7 +36,7 @@ from training import config as training_config
 __all__ = ["DUMMY_SECRETS", "STACKS", "Recording", "Registration", "run_program", "stack_config", "tolerates",
            "SECRETS", "raw_settings", "job_settings", "parse", "settings_error", "plain", "PYTORCHJOB", "job_of", "worker",
            "container", "parse_flags", "GPU_TAINT", "HELM", "POD_IDENTITY", "release", "pod_identity",
-           "trusted_by_pod_identity"]
+           "trusted_by_pod_identity", "variant_config", "variant", "require_tool", "under_ci", "free_port"]
 
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
 HELM = "kubernetes:helm.sh/v3:Release"
@@ -48,6 +52,54 @@ def raw_settings(stack: str) -> dict:
     secret_keys = {f"fsdp-eks:{k}" for k in SECRET_KEYS}
     return {k.split(":", 1)[1]: copy.deepcopy(v) for k, v in stack_config(stack).items()
             if k.startswith("fsdp-eks:") and k not in secret_keys}
+
+
+def variant_config(stack: str, *, drop: tuple[str, ...] = (), **sections: Any) -> dict:
+    """A stack file's configuration (keys with namespace) with some sections changed: a dict
+    section is merged key by key into the file's (``job={"nodes": 1}``), anything else replaces
+    it (``profile="p4de"``); ``drop`` removes top-level keys (``drop=("hfToken",)``)."""
+    config = copy.deepcopy(stack_config(stack))
+    for key in drop:
+        del config[f"fsdp-eks:{key}"]
+    for section, value in sections.items():
+        key = f"fsdp-eks:{section}"
+        config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+    return config
+
+
+def variant(stack: str, *, drop: tuple[str, ...] = (), **sections: Any) -> Recording:
+    """The whole program run under mocks for a variant of a stack file (``variant_config``'s
+    arguments); the same variant asked twice runs once."""
+    return _run_variant(stack, drop, json.dumps(sections, sort_keys=True))
+
+
+@functools.cache
+def _run_variant(stack: str, drop: tuple[str, ...], sections: str) -> Recording:
+    return run_program(variant_config(stack, drop=drop, **json.loads(sections)), f"{stack}-variant")
+
+
+def under_ci() -> bool:
+    """True under CI (``.ci/run`` sets CI=true)."""
+    return os.environ.get("CI", "").lower() not in ("", "0", "false")
+
+
+def require_tool(name: str, install: str) -> str:
+    """The path of an external program a test runs. Missing, it fails the test under CI (whose
+    ``.ci/run`` installs every tool) and skips it elsewhere, saying how to install it."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} not found: {install}"
+        if under_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def job_settings(**values: Any) -> JobSettings:

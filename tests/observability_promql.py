@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-
-import pytest
 
 from components.observability import TRAINING_METRICS, dcgm_exported_metrics
+from tests.harness import require_tool
 
 OTHER_SOURCES = {
     "up": "Prometheus itself: one series per scrape target",
@@ -33,14 +30,8 @@ _KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_le
 
 
 def promtool() -> str:
-    """Path of promtool; a failure under CI (``.ci/run`` installs it), a skip elsewhere."""
-    path = shutil.which("promtool")
-    if path is None:
-        message = "promtool not found: install Debian's `prometheus` package (.ci/run does)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
+    """Path of promtool (tests.harness.require_tool: a failure under CI, a skip elsewhere)."""
+    return require_tool("promtool", "install Debian's `prometheus` package (.ci/run does)")
 
 
 def known_metrics() -> dict[str, str]:

@@ -8,7 +8,6 @@ come from the stack file and the hardware table, so the same tests hold for any 
 from __future__ import annotations
 
 import base64
-import copy
 import email
 
 import yaml
@@ -20,9 +19,9 @@ from tests.harness import (
     HELM,
     Recording,
     release,
-    run_program,
     stack_config,
     tolerates,
+    variant,
 )
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -215,13 +214,6 @@ def test_network_spans_two_azs_with_tagged_subnets(recording: Recording, stack: 
 
 
 # --- variants of a stack: config in, facts out --------------------------------------------
-
-
-def variant(stack: str, **sections) -> Recording:
-    config = copy.deepcopy(stack_config(stack))
-    for section, changes in sections.items():
-        config[f"fsdp-eks:{section}"] = {**config.get(f"fsdp-eks:{section}", {}), **changes}
-    return run_program(config, f"{stack}-variant")
 
 
 def test_capacity_block():

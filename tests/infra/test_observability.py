@@ -8,7 +8,6 @@ GPU node), the CloudWatch agent operator's GPU opt-out, and Kubernetes' own sche
 
 from __future__ import annotations
 
-import copy
 import json
 
 import kubernetes_validate
@@ -35,10 +34,10 @@ from tests.harness import (
     plain,
     pod_identity,
     release,
-    run_program,
     stack_config,
     tolerates,
     trusted_by_pod_identity,
+    variant,
 )
 
 ADDON = "aws:eks/addon:Addon"
@@ -83,25 +82,18 @@ def kubernetes_version(stack: str) -> str:
     return stack_config(stack)["fsdp-eks:cluster"]["kubernetesVersion"]
 
 
-def with_observability(stack: str, **changes) -> dict:
-    config = copy.deepcopy(stack_config(stack))
-    config["fsdp-eks:observability"] = {**config["fsdp-eks:observability"], **changes}
-    return config
-
-
 @pytest.fixture(scope="module")
 def options_recording() -> Recording:
     """p5 with the CloudWatch add-on and the debug tools on (one extra program run)."""
-    return run_program(with_observability("p5", cloudwatchContainerInsights=True, debugTools=True))
+    return variant("p5", observability={"cloudwatchContainerInsights": True, "debugTools": True})
 
 
 @pytest.fixture(scope="module")
 def existing_recording() -> Recording:
     """p5's in-cluster layers onto a cluster created elsewhere (one extra program run)."""
-    config = copy.deepcopy(stack_config("p5"))
-    config["fsdp-eks:cluster"] = {**config["fsdp-eks:cluster"], "existingClusterName": "shared-gpu"}
-    config["fsdp-eks:storage"] = {"existingClaimName": "checkpoints"}  # FSx only on a cluster of ours
-    return run_program(config)
+    # FSx only on a cluster of ours
+    return variant("p5", cluster={"existingClusterName": "shared-gpu"},
+                   storage={"fsx": False, "existingClaimName": "checkpoints"})
 
 
 def addons(recording: Recording, name: str) -> list[Registration]:
@@ -303,16 +295,12 @@ def test_existing_cluster_gets_no_aws_resources_but_the_same_monitoring(existing
 
 
 def test_cloudwatch_on_an_existing_cluster_is_refused():
-    config = with_observability("p5", cloudwatchContainerInsights=True)
-    config["fsdp-eks:cluster"] = {**config["fsdp-eks:cluster"], "existingClusterName": "shared-gpu"}
     with pytest.raises(SettingsError, match="observability.cloudwatchContainerInsights"):
-        run_program(config)
+        variant("p5", observability={"cloudwatchContainerInsights": True}, cluster={"existingClusterName": "shared-gpu"})
 
 
 def test_observability_off_creates_nothing_and_needs_no_password():
-    config = with_observability("p5", enabled=False)
-    del config["fsdp-eks:grafanaAdminPassword"]
-    recording = run_program(config)
+    recording = variant("p5", drop=("grafanaAdminPassword",), observability={"enabled": False})
     assert [r for r in recording.resources if r.name.startswith("observability")] == []
     assert "grafana_command" not in recording.exports
 
@@ -327,4 +315,4 @@ def test_observability_off_creates_nothing_and_needs_no_password():
 )
 def test_bad_monitoring_settings_are_named(changes: dict, key: str):
     with pytest.raises(SettingsError, match=key):
-        run_program(with_observability("p5", **changes))
+        variant("p5", observability=changes)

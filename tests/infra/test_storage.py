@@ -10,8 +10,6 @@ the GPU taint, and torch.distributed.checkpoint's need for one directory every r
 
 from __future__ import annotations
 
-import copy
-
 import kubernetes_validate
 import pytest
 
@@ -32,11 +30,11 @@ from tests.harness import (
     pod_identity,
     raw_settings,
     release,
-    run_program,
     settings_error,
     stack_config,
     tolerates,
     trusted_by_pod_identity,
+    variant,
     worker,
 )
 
@@ -291,10 +289,7 @@ def test_init_container_hands_the_run_directory_to_the_training_user(recording: 
 @pytest.fixture(scope="module")
 def single_node_recording() -> Recording:
     """p5 with storage off and a one-node job: the case where nothing changes (node-local NVMe)."""
-    config = copy.deepcopy(stack_config("p5"))
-    config["fsdp-eks:storage"] = {"fsx": False}
-    config["fsdp-eks:job"] = {**config["fsdp-eks:job"], "nodes": 1}
-    return run_program(config, "p5-single-node")
+    return variant("p5", storage={"fsx": False}, job={"nodes": 1})
 
 
 def test_single_node_without_storage_keeps_checkpoints_on_nvme(single_node_recording: Recording):
@@ -373,10 +368,8 @@ def test_a_claim_name_must_be_a_kubernetes_name():
 
 
 def test_an_existing_cluster_mounts_the_claim_the_user_brings():
-    config = copy.deepcopy(stack_config("p5"))
-    config["fsdp-eks:cluster"] = {**config["fsdp-eks:cluster"], "existingClusterName": "research"}
-    config["fsdp-eks:storage"] = {"existingClaimName": "team-checkpoints"}
-    rec = run_program(config, "p5-existing-claim")
+    rec = variant("p5", cluster={"existingClusterName": "research"},
+                  storage={"fsx": False, "existingClaimName": "team-checkpoints"})
     assert rec.of_type(FSX) == [] and rec.of_type(PV) == [] and rec.of_type(PVC) == [], "nothing to create"
     job = job_of(rec)
     claims = [v["persistentVolumeClaim"]["claimName"] for v in worker(job)["template"]["spec"]["volumes"]

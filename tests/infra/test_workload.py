@@ -8,7 +8,6 @@ Operator"), the profile table (components/hardware.py) and the training package'
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import re
@@ -35,9 +34,9 @@ from tests.harness import (
     container,
     job_of,
     plain,
-    run_program,
     stack_config,
     tolerates,
+    variant,
     worker,
 )
 from training import config as training_config
@@ -329,10 +328,8 @@ def test_outputs_name_the_job_and_give_kubectl_commands(recording: Recording):
 @pytest.fixture(scope="module")
 def c10d_recording() -> Recording:
     """p5 with the c10d backend and an ungated model without a token (one extra program run)."""
-    config = copy.deepcopy(stack_config("p5"))
-    del config["fsdp-eks:hfToken"]
-    config["fsdp-eks:job"].update(rdzvBackend="c10d", model="TinyLlama/TinyLlama-1.1B-Chat-v1.0", modelParameters=1.1)
-    return run_program(config, "p5-c10d")
+    return variant("p5", drop=("hfToken",),
+                   job={"rdzvBackend": "c10d", "model": "TinyLlama/TinyLlama-1.1B-Chat-v1.0", "modelParameters": 1.1})
 
 
 def test_c10d_needs_no_etcd_and_points_at_worker_0(c10d_recording: Recording):

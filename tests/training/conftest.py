@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,55 +137,3 @@ def reference(tmp_path_factory, tiny_cache) -> Run:
     return train(work, "--batch-size", "4", "--checkpoint-dir", str(work / "ckpt"),
                  "--checkpoint-every", "4", "--output-dir", str(work / "export"),
                  "--export-dtype", "fp32", cache=tiny_cache).check()
-
-
-def etcd_binary() -> str | None:
-    """Debian's etcd-server; None when absent outside CI (under CI=true absence fails)."""
-    path = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
-    if path is None and os.environ.get("CI", "").lower() not in ("", "0", "false"):
-        pytest.fail("etcd is not installed; .ci/run installs etcd-server")
-    return path
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
-    """A real etcd (v2 API enabled, as torchrun's etcd backends need) on free loopback ports."""
-    binary = etcd_binary()
-    if binary is None:
-        pytest.skip("etcd not installed (apt-get install etcd-server)")
-    client, peer = free_port(), free_port()
-    data = tmp_path_factory.mktemp("etcd")
-    cmd = [binary, "--name", "test", "--data-dir", str(data / "data"), "--enable-v2",
-           "--listen-client-urls", f"http://127.0.0.1:{client}",
-           "--advertise-client-urls", f"http://127.0.0.1:{client}",
-           "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-           "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-           "--initial-cluster", f"test=http://127.0.0.1:{peer}"]
-    log = (data / "etcd.log").open("w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        _wait_for_etcd(client, proc, data / "etcd.log")
-        yield f"127.0.0.1:{client}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-
-
-def _wait_for_etcd(port: int, proc: subprocess.Popen, log: Path) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"etcd exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/keys", timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    pytest.fail(f"etcd did not answer on port {port} within 30 s")

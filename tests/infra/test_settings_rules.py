@@ -1,0 +1,220 @@
+"""Every branch of every settings rule (components/settings_rules.py), one case each, and the
+values just inside each limit, which must pass.
+
+Each case starts from a stack file of the repository (valid as committed), changes what the
+case says, and asserts the problem a user would see: the key to change and the reason. Checked
+against the facts behind each limit (docs/design.md; the sources are named per case) and,
+mechanically, by ``test_every_rule_is_needed``: with any one rule removed, some case here fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from components import hardware, settings_parser, settings_rules
+from components.settings import Secrets, SettingsError
+from tests.harness import SECRETS, parse
+from tests.harness import raw_settings as raw
+
+DROP = object()
+"""A change that removes the key."""
+
+
+def changed(stack: str, changes: dict) -> dict:
+    """A stack file's settings with ``{"section.key": value}`` changes (DROP removes the key)."""
+    config = raw(stack)
+    for path, value in changes.items():
+        section, _, key = path.partition(".")
+        if not key:
+            config[section] = value
+        elif value is DROP:
+            config[section].pop(key, None)
+        else:
+            config.setdefault(section, {})[key] = value
+    return config
+
+
+def problems(config: dict, secrets: Secrets = SECRETS) -> dict[str, list[str]]:
+    """Key -> the problems named on it; {} when the settings are accepted."""
+    try:
+        parse(config, secrets)
+    except SettingsError as error:
+        found: dict[str, list[str]] = {}
+        for p in error.problems:
+            found.setdefault(p.key, []).append(str(p))
+        return found
+    return {}
+
+
+EXISTING = {"cluster.existingClusterName": "research", "storage": {"existingClaimName": "checkpoints"}}
+"""An existing cluster (its checkpoints on a claim the user brings: FSx needs a cluster of ours)."""
+NO_GRAFANA = Secrets(hf_token="hf_x", grafana_admin_password=None)
+NO_TOKEN = Secrets(hf_token=None, grafana_admin_password="pw")
+
+# (case, stack, changes, secrets, key, reason)
+CASES = [
+    # network: EKS needs subnets in two AZs; pods take VPC IPs (VPC CNI), so the block is large.
+    ("vpc-cidr-too-small", "p5", {"network.vpcCidr": "10.0.0.0/21"}, SECRETS,
+     "network.vpcCidr", "use a /20 or larger"),
+    ("vpc-cidr-malformed", "p5", {"network.vpcCidr": "10.0.0/16"}, SECRETS,
+     "network.vpcCidr", "give an IPv4 CIDR"),
+    ("one-az", "p5", {"network.availabilityZones": ["us-west-2c"]}, SECRETS,
+     "network.availabilityZones", "at least two AZs"),
+    ("existing-vpc-no-private-subnets", "p5",
+     {"network": {"existingVpcId": "vpc-0123", "existingGpuSubnetIds": ["subnet-b"]}}, SECRETS,
+     "network.existingPrivateSubnetIds", "list the subnet ids"),
+    ("existing-vpc-no-gpu-subnets", "p5",
+     {"network": {"existingVpcId": "vpc-0123", "existingPrivateSubnetIds": ["subnet-a"]}}, SECRETS,
+     "network.existingGpuSubnetIds", "list the subnet ids"),
+    # cluster
+    ("kubernetes-version-unpinned", "p5", {"cluster.kubernetesVersion": "1.20"}, SECRETS,
+     "cluster.kubernetesVersion", "add-on versions are pinned"),
+    ("system-nodes-out-of-order", "p5",
+     {"cluster.systemNodes": {"minSize": 2, "desiredSize": 1, "maxSize": 3}}, SECRETS,
+     "cluster.systemNodes.minSize/desiredSize/maxSize", "minSize <= desiredSize <= maxSize"),
+    ("public-access-cidr-malformed", "p5", {"cluster.publicAccessCidrs": ["0.0.0.0/0", "office"]}, SECRETS,
+     "cluster.publicAccessCidrs", "give IPv4 CIDRs"),
+    # GPU nodes (EC2 reservations and capacity blocks: docs/design.md#gpu-nodes-and-efa)
+    ("gpu-min-above-desired", "p5", {"gpuNodes.minSize": 3, "gpuNodes.maxSize": 4}, SECRETS,
+     "gpuNodes.minSize/desiredSize/maxSize", "maxSize >= 1"),
+    ("gpu-negative-min", "p5", {"gpuNodes.minSize": -1}, SECRETS,
+     "gpuNodes.minSize/desiredSize/maxSize", "0 <= minSize"),
+    ("gpu-max-zero", "p5", {"gpuNodes.desiredSize": 0, "gpuNodes.maxSize": 0, "job.nodes": 1,
+                            "storage.fsx": True}, SECRETS,
+     "gpuNodes.minSize/desiredSize/maxSize", "maxSize >= 1"),
+    ("gpu-az-not-listed", "p5", {"gpuNodes.availabilityZone": "us-west-2d"}, SECRETS,
+     "gpuNodes.availabilityZone", "use the reservation's AZ"),
+    ("reservation-id-malformed", "p4de", {"gpuNodes.capacityReservationId": "cr-xyz"}, SECRETS,
+     "gpuNodes.capacityReservationId", "cr- followed by hex digits"),
+    ("reservation-only-profile-without-reservation", "p4de", {"gpuNodes.capacityReservationId": DROP}, SECRETS,
+     "gpuNodes.capacityReservationId", "p4de.24xlarge is only sold through capacity reservations"),
+    ("capacity-block-without-reservation", "p5", {"gpuNodes.capacityBlock": True}, SECRETS,
+     "gpuNodes.capacityReservationId", "capacityBlock needs the capacity block's reservation id"),
+    ("root-volume-too-small", "p5", {"gpuNodes.rootVolumeGiB": 199}, SECRETS,
+     "gpuNodes.rootVolumeGiB", "use at least 200"),
+    # job (p5.48xlarge: 8 GPUs, 32 EFA interfaces)
+    ("no-nodes", "p5", {"job.nodes": 0}, SECRETS, "job.nodes", "must be at least 1"),
+    ("negative-restarts", "p5", {"job.maxRestarts": -1}, SECRETS, "job.maxRestarts", "must be 0 or more"),
+    ("parameters-not-positive", "p5", {"job.model": "mistralai/Mistral-7B-v0.1", "job.modelParameters": 0},
+     SECRETS, "job.modelParameters", "in billions"),
+    ("more-gpus-than-the-node", "p5", {"job.gpusPerNode": 9}, SECRETS, "job.gpusPerNode", "use 1..8"),
+    ("no-gpus", "p5", {"job.gpusPerNode": 0}, SECRETS, "job.gpusPerNode", "use 1..8"),
+    ("more-efa-than-the-node", "p5", {"job.efaPerNode": 33}, SECRETS, "job.efaPerNode", "use 0..32"),
+    ("negative-efa", "p5", {"job.efaPerNode": -1}, SECRETS, "job.efaPerNode", "use 0..32"),
+    ("min-nodes-above-nodes", "p5", {"job.minNodes": 3}, SECRETS,
+     "job.minNodes/maxNodes", "minNodes <= nodes (2) <= maxNodes"),
+    ("max-nodes-below-nodes", "p5", {"job.maxNodes": 1}, SECRETS,
+     "job.minNodes/maxNodes", "minNodes <= nodes (2) <= maxNodes"),
+    ("max-nodes-beyond-the-node-group", "p5", {"job.maxNodes": 3}, SECRETS,
+     "job.maxNodes", "at most gpuNodes.maxSize (2)"),
+    ("nodes-beyond-desired", "p5", {"job.nodes": 3, "gpuNodes.maxSize": 4}, SECRETS,
+     "job.nodes", "raise gpuNodes.desiredSize (2)"),
+    ("hybrid-shard-on-one-node", "p5", {"job.nodes": 1, "job.sharding": "HYBRID_SHARD"}, SECRETS,
+     "job.sharding", "replicates across nodes"),
+    # secrets
+    ("gated-model-without-token", "p5", {}, NO_TOKEN, "hfToken", "is gated"),
+    ("grafana-without-password", "p5", {}, NO_GRAFANA, "grafanaAdminPassword", "--secret grafanaAdminPassword"),
+    # observability (Prometheus duration syntax; EBS gp3 volumes)
+    ("retention-not-a-duration", "p5", {"observability.prometheusRetention": "15 days"}, SECRETS,
+     "observability.prometheusRetention", "a Prometheus duration"),
+    ("retention-zero", "p5", {"observability.prometheusRetention": "0d"}, SECRETS,
+     "observability.prometheusRetention", "a Prometheus duration"),
+    ("prometheus-volume-too-small", "p5", {"observability.prometheusStorageGiB": 9}, SECRETS,
+     "observability.prometheusStorageGiB", "use at least 10"),
+    ("cloudwatch-on-existing-cluster", "p5", {**EXISTING, "observability.cloudwatchContainerInsights": True},
+     SECRETS, "observability.cloudwatchContainerInsights", "one DCGM exporter per GPU node"),
+    # storage (FSx API CreateFileSystem: PERSISTENT_2 capacities and throughputs)
+    ("fsx-and-a-claim", "p5", {"storage.existingClaimName": "checkpoints"}, SECRETS,
+     "storage.existingClaimName", "use one of storage.fsx"),
+    ("fsx-on-existing-cluster", "p5", {**EXISTING, "storage": {"fsx": True}}, SECRETS,
+     "storage.fsx", "only for a cluster this stack creates"),
+    ("fsx-capacity-not-a-size", "p5", {"storage.fsxStorageCapacityGiB": 3600}, SECRETS,
+     "storage.fsxStorageCapacityGiB", "1200, 2400 or a multiple of 2400"),
+    ("fsx-throughput-not-offered", "p5", {"storage.fsxThroughputPerTiB": 300}, SECRETS,
+     "storage.fsxThroughputPerTiB", "125, 250, 500, 1000"),
+    ("claim-name-not-a-kubernetes-name", "p5", {**EXISTING, "storage": {"existingClaimName": "Check_Points"}},
+     SECRETS, "storage.existingClaimName", "lower-case letters"),
+    ("several-nodes-without-shared-storage", "p5", {"storage.fsx": False}, SECRETS,
+     "storage.fsx", "needs storage every node shares"),
+    # the memory-fit rule (components/memory_fit.py; its estimate is tested in test_memory_fit.py)
+    ("unknown-model-without-size", "p5", {"job.model": "mistralai/Mistral-7B-v0.1"}, SECRETS,
+     "job.modelParameters", "not in the GPU-memory fit check's table"),
+    ("model-too-large", "p5", {"job.model": "meta-llama/Llama-2-70b-hf", "job.nodes": 1, "job.sharding": "NO_SHARD"},
+     SECRETS, "job", "does not fit in GPU memory"),
+]
+
+
+@pytest.mark.parametrize(("stack", "changes", "secrets", "key", "reason"),
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_each_rule_names_the_key_and_the_reason(stack, changes, secrets, key, reason):
+    found = problems(changed(stack, changes), secrets)
+    assert key in found, f"no problem on {key}; got {found}"
+    assert any(reason in message for message in found[key]), found[key]
+
+
+# (case, stack, changes): each value just inside the limit a case above crosses.
+ACCEPTED = [
+    ("vpc-cidr-/20", "p5", {"network.vpcCidr": "10.0.0.0/20"}),
+    ("two-azs", "p5", {"network.availabilityZones": ["us-west-2b", "us-west-2c"]}),
+    ("existing-vpc-with-subnets", "p5", {"network": {"existingVpcId": "vpc-0123",
+                                                     "existingPrivateSubnetIds": ["subnet-a"],
+                                                     "existingGpuSubnetIds": ["subnet-b"]}}),
+    ("public-access-cidrs", "p5", {"cluster.publicAccessCidrs": ["203.0.113.0/24"]}),
+    ("gpu-min-equals-desired-equals-max", "p5", {"gpuNodes.minSize": 2}),
+    ("reservation-id-8-hex", "p4de", {"gpuNodes.capacityReservationId": "cr-0123abcd"}),
+    ("reservation-id-17-hex", "p4de", {"gpuNodes.capacityReservationId": "cr-0123456789abcdef0"}),
+    ("capacity-block-with-reservation", "p5", {"gpuNodes.capacityBlock": True,
+                                                "gpuNodes.capacityReservationId": "cr-0abc1234def567890"}),
+    ("root-volume-200", "p5", {"gpuNodes.rootVolumeGiB": 200}),
+    ("no-restarts", "p5", {"job.maxRestarts": 0}),
+    ("one-gpu", "p5", {"job.gpusPerNode": 1, "job.activationCheckpointing": "full", "job.batchSize": 1}),
+    ("every-gpu", "p5", {"job.gpusPerNode": 8}),
+    ("no-efa", "p5", {"job.efaPerNode": 0}),
+    ("every-efa", "p5", {"job.efaPerNode": 32}),
+    ("elastic-within-the-node-group", "p5", {"job.minNodes": 1, "job.maxNodes": 2}),
+    ("hybrid-shard-on-two-nodes", "p5", {"job.sharding": "HYBRID_SHARD"}),
+    ("ungated-model-without-token", "p5", {"job.model": "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+                                            "job.modelParameters": 1.1}),
+    ("retention-compound", "p5", {"observability.prometheusRetention": "1w3d"}),
+    ("prometheus-volume-10", "p5", {"observability.prometheusStorageGiB": 10}),
+    ("observability-off-without-password", "p5", {"observability.enabled": False}),
+    ("fsx-2400", "p5", {"storage.fsxStorageCapacityGiB": 2400}),
+    ("fsx-4800", "p5", {"storage.fsxStorageCapacityGiB": 4800}),
+    ("fsx-throughput-1000", "p5", {"storage.fsxThroughputPerTiB": 1000}),
+    ("one-node-on-its-nvme", "p5", {"storage.fsx": False, "job.nodes": 1}),
+    ("existing-cluster-with-a-claim", "p5", EXISTING),
+    ("unknown-model-with-size", "p5", {"job.model": "mistralai/Mistral-7B-v0.1", "job.modelParameters": 7.2,
+                                       "job.activationCheckpointing": "full"}),
+]
+
+
+@pytest.mark.parametrize(("stack", "changes"), [c[1:] for c in ACCEPTED], ids=[c[0] for c in ACCEPTED])
+def test_values_inside_the_limits_are_accepted(stack, changes):
+    secrets = NO_GRAFANA if changes.get("observability.enabled") is False else SECRETS
+    assert problems(changed(stack, changes), secrets) == {}
+
+
+@pytest.mark.parametrize("rule", settings_rules.RULES, ids=lambda r: r.__name__)
+def test_every_rule_is_needed(rule, monkeypatch):
+    """Removing any one rule makes at least one case above go unreported: no rule is untested."""
+    monkeypatch.setattr(settings_rules, "RULES", list(settings_rules.RULES))  # restored afterwards
+    rules = settings_rules.RULES
+    index = rules.index(rule)
+    rules[index] = lambda s: []
+    monkeypatch.setattr(settings_parser, "RULES", rules)
+    missed = [case for case, stack, changes, secrets, key, reason in CASES
+              if not any(reason in m for m in problems(changed(stack, changes), secrets).get(key, []))]
+    assert missed, f"no case needs {rule.__name__}"
+
+
+def test_reservation_only_is_a_property_of_the_profile(monkeypatch):
+    """Checked against the profile table, not the profile's name: a profile marked
+    reservation-only (as a p5e row would be) is refused without a reservation, and p4de
+    unmarked would be accepted."""
+    p5, p4de = hardware.PROFILES["p5"], hardware.PROFILES["p4de"]
+    monkeypatch.setitem(hardware.PROFILES, "p5", dataclasses.replace(p5, reservation_only=True))
+    monkeypatch.setitem(hardware.PROFILES, "p4de", dataclasses.replace(p4de, reservation_only=False))
+    assert "p5.48xlarge is only sold" in problems(raw("p5"))["gpuNodes.capacityReservationId"][0]
+    assert problems(changed("p4de", {"gpuNodes.capacityReservationId": DROP})) == {}

@@ -130,13 +130,19 @@ def test_dockerignore_matching(patterns: str, path: str, ignored: bool):
     assert is_ignored(path, dockerignore_rules(patterns)) is ignored
 
 
-def test_the_real_tag_is_the_hash_of_training(recording: Recording):
-    """Checked against the training/ tree as it is now, and the pinned build arguments."""
-    expected = image_tag()
-    assert re.fullmatch(r"[0-9a-f]{16}", expected), expected
+def test_the_real_tag_is_the_hash_of_training(recording: Recording, tmp_path: Path, monkeypatch):
+    """Checked against copies of the training/ tree: the pushed tag is what a copy of the tree
+    hashes to, and it moves when a file the build sends changes or a pinned build argument does
+    (so a stale image is never reused under a new tree, and a constant tag cannot pass)."""
+    copy = Path(shutil.copytree(registry.TRAINING_DIR, tmp_path / "training"))
     (tag_,) = recording.one(IMAGE).inputs["tags"]
-    assert tag_.endswith(f":{expected}")
-    assert not tag_.endswith(":latest")
+    assert re.fullmatch(r".+:[0-9a-f]{16}", tag_) and tag_.endswith(f":{image_tag(copy)}"), tag_
+    (copy / "finetune.py").write_text((copy / "finetune.py").read_text() + "\n# changed\n")
+    assert not tag_.endswith(f":{image_tag(copy)}"), "an edited training/finetune.py keeps the tag"
+    shutil.rmtree(copy)
+    copy = Path(shutil.copytree(registry.TRAINING_DIR, tmp_path / "training"))
+    monkeypatch.setattr(versions, "TRAINING_IMAGE_BUILD_ARGS", {**versions.TRAINING_IMAGE_BUILD_ARGS, "X": "1"})
+    assert not tag_.endswith(f":{image_tag(copy)}"), "a changed build argument keeps the tag"
 
 
 def test_repository_scans_keeps_the_last_images_and_can_be_destroyed(recording: Recording):

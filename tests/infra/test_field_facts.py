@@ -1,0 +1,122 @@
+"""Field facts the stack relies on, each checked on what the program creates for every stack
+file, each test naming where the fact comes from (docs/design.md has them with their sources).
+
+The expected values are written here as the sources state them, not read from the component's
+own constants: a changed constant must fail a test.
+"""
+
+from __future__ import annotations
+
+import re
+
+from components.hardware import PROFILES
+from tests.harness import Recording, container, job_of, plain, stack_config, worker
+
+INSTANCE_CAPACITY = {"p5.48xlarge": (192, 2048), "p4de.24xlarge": (96, 1152)}
+"""vCPUs and memory (GiB) of each instance type (EC2 "Accelerated computing" instance types)."""
+NODE_ROLE_NEEDS = {
+    "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",  # the kubelet joins and reads the cluster
+    "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",  # the VPC CNI gives pods their IPs
+    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly",  # the nodes pull from ECR
+}
+"""EKS user guide, "Amazon EKS node IAM role": the managed policies every node role needs."""
+
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def quantity_bytes(text: str) -> int:
+    """A Kubernetes binary quantity (``64Gi``) in bytes."""
+    number, unit = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti)?", text).groups()
+    return int(number) * _UNITS.get(unit, 1)
+
+
+def by_id(recording: Recording, type_: str) -> dict:
+    """Resources of a type by the id the mocks give them (``<name>-id``)."""
+    return {f"{r.name}-id": r for r in recording.of_type(type_)}
+
+
+def test_the_node_role_has_the_policies_nodes_need(recording: Recording):
+    """Checked against the EKS user guide's node IAM role: without the CNI policy pods get no IP,
+    without ECR read-only the training image is never pulled."""
+    attachments = recording.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+    ng = recording.one("aws:eks/nodeGroup:NodeGroup", "gpu-gpu").inputs
+    role = ng["nodeRoleArn"].rsplit(":", 1)[1]
+    attached = {a.inputs["policyArn"] for a in attachments if a.inputs["role"] == role}
+    assert NODE_ROLE_NEEDS <= attached, f"{role} lacks {NODE_ROLE_NEEDS - attached}"
+
+
+def test_public_subnets_route_to_the_internet_and_private_ones_to_a_nat_in_their_az(recording: Recording):
+    """Checked against the EKS user guide's VPC requirements: nodes in private subnets reach
+    ECR, the EKS API and the hub through a NAT gateway; one per AZ, in that AZ's public subnet,
+    so an AZ outage does not cut the others off."""
+    subnets = by_id(recording, "aws:ec2/subnet:Subnet")
+    tables = by_id(recording, "aws:ec2/routeTable:RouteTable")
+    nats = by_id(recording, "aws:ec2/natGateway:NatGateway")
+    igws = by_id(recording, "aws:ec2/internetGateway:InternetGateway")
+    assoc = {a.inputs["subnetId"]: a.inputs["routeTableId"]
+             for a in recording.of_type("aws:ec2/routeTableAssociation:RouteTableAssociation")}
+    assert subnets
+    for sid, subnet in subnets.items():
+        tags, az = subnet.inputs["tags"], subnet.inputs["availabilityZone"]
+        (default,) = [r for r in tables[assoc[sid]].inputs["routes"] if r["cidrBlock"] == "0.0.0.0/0"]
+        if tags.get("kubernetes.io/role/elb") == "1":
+            assert default.get("gatewayId") in igws, f"{subnet.name}: default route {default}"
+        else:
+            nat = nats[default["natGatewayId"]]
+            assert subnets[nat.inputs["subnetId"]].inputs["availabilityZone"] == az, subnet.name
+            assert subnets[nat.inputs["subnetId"]].inputs["tags"].get("kubernetes.io/role/elb") == "1"
+
+
+def test_the_api_endpoint_is_private_and_public(recording: Recording):
+    """Checked against the EKS user guide's "Cluster API server endpoint": the private endpoint
+    lets nodes reach the API inside the VPC; the public one, limited to publicAccessCidrs, is how
+    a user's kubectl gets there."""
+    cluster = recording.one("eks:index:Cluster").inputs
+    assert cluster["endpointPrivateAccess"] is True and cluster["endpointPublicAccess"] is True
+
+
+def test_gpu_nodes_roll_one_at_a_time(recording: Recording):
+    """Checked against docs/design.md#gpu-nodes-and-efa: a reservation has no spare node to surge
+    into and each replaced node costs training time, so updates take one node at a time."""
+    ng = plain(recording.one("aws:eks/nodeGroup:NodeGroup", "gpu-gpu").inputs)
+    assert ng["updateConfig"] == {"maxUnavailable": 1}
+
+
+def test_the_pod_requests_fit_the_node(recording: Recording, stack: str):
+    """Checked against the instance types' vCPUs and memory (EC2 instance type pages): one pod
+    per node, its CPU and memory requests within 90 % of the instance (the rest: kubelet
+    reservation, DaemonSets), else it never schedules."""
+    profile = PROFILES[stack_config(stack)["fsdp-eks:profile"]]
+    vcpus, memory_gib = INSTANCE_CAPACITY[profile.instance_type]
+    requests = container(job_of(recording))["resources"]["requests"]
+    assert 0 < float(requests["cpu"]) <= 0.9 * vcpus, requests
+    assert 0 < quantity_bytes(requests["memory"]) <= 0.9 * memory_gib * 2**30, requests
+
+
+def test_dev_shm_is_large_and_within_the_pods_memory(recording: Recording):
+    """Checked against NCCL's troubleshooting guide (the container runtime's 64 MB /dev/shm is
+    too small for NCCL's shared-memory transport and DataLoader workers) and Kubernetes' emptyDir
+    docs (a memory-backed volume counts against the pod's memory): at least 1 GiB, at most the
+    pod's memory request."""
+    job = job_of(recording)
+    shm_mounts = [m["name"] for m in container(job)["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    (volume,) = [v for v in worker(job)["template"]["spec"]["volumes"] if v["name"] in shm_mounts]
+    size = quantity_bytes(volume["emptyDir"]["sizeLimit"])
+    assert volume["emptyDir"]["medium"] == "Memory"
+    assert 2**30 <= size <= quantity_bytes(container(job)["resources"]["requests"]["memory"])
+
+
+def test_finished_jobs_free_their_gpus_and_keep_their_logs(recording: Recording):
+    """Checked against the Training Operator's CleanPodPolicy: ``Running`` deletes the pods still
+    running when the job ends (their GPUs go back) and keeps finished pods for their logs;
+    ``All`` would lose the logs, ``None`` would hold GPUs."""
+    assert job_of(recording)["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+
+
+def test_etcd_never_runs_two_members(recording: Recording):
+    """Checked against the Deployment docs' ``Recreate`` strategy (every old pod is killed before
+    a new one is created): the single-member etcd never has a second member with its own state,
+    which would split the rendezvous."""
+    (etcd,) = [r for r in recording.of_type("kubernetes:apps/v1:Deployment") if "etcd" in r.name]
+    spec = plain(etcd.inputs)["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}

@@ -42,6 +42,38 @@ def test_loss_decreases(reference: Run):
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
 
 
+def test_first_step_loss_and_gradient_match_a_plain_forward(reference, tiny_cache):
+    """Checked against an independent computation in this process: the plain Hugging Face model
+    (the tiny preset's initial weights, fp32, its own logits and F.cross_entropy) on the first
+    global batch (every rank's sequences). The run's step-1 train/loss is the mean cross-entropy
+    over that batch's target tokens and train/grad_norm the norm of its gradient, both within
+    1e-4: a halved loss, or gradients scaled by 2 or by the world size, fail here, whereas the
+    runs compared with each other above would share the mistake."""
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.training.conftest import TINY_FLAGS
+    from training import tiny
+    from training.config import parse_args
+    from training.dataset import IGNORE_INDEX, StepSampler, load_records, pack
+
+    cfg = parse_args([*TINY_FLAGS, "--batch-size", "4"])
+    model_dir = tiny.directory(str(tiny_cache), SEED)
+    data = pack(load_records(cfg.data, None), AutoTokenizer.from_pretrained(model_dir),
+                cfg.data.seq_len, cfg.data.mask_prompt)
+    global_batch = 2 * cfg.train.batch_size  # the reference's 2 ranks, no accumulation
+    (blocks,), _, _ = StepSampler(len(data), 1, 0, global_batch, 1, cfg.train.seed).next_step(0, 0)
+    inputs, targets = data.inputs[blocks], data.targets[blocks]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    logits = model(inputs).logits
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+    loss.backward()
+    grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+    first = reference.steps()[1]
+    assert first["train/loss"] == pytest.approx(float(loss.detach()), rel=1e-4)
+    assert first["train/grad_norm"] == pytest.approx(float(grad_norm), rel=1e-4)
+
+
 @pytest.mark.parametrize("sharding", ["SHARD_GRAD_OP", "NO_SHARD"])
 def test_strategies_match_full_shard(sharding, reference, tmp_path, tiny_cache):
     """Checked against the FULL_SHARD reference run: the same 2 ranks and data with
@@ -93,7 +125,8 @@ def stopped_at_n(tmp_path_factory, tiny_cache) -> Run:
 def test_resume_matches_uninterrupted(stopped_at_n, reference, tmp_path, tiny_cache):
     """Checked against the uninterrupted 2N-step reference: N steps, stop, resume from the
     checkpoint for N more gives the same losses at every step (BITWISE_RTOL): model, optimizer,
-    schedule, data position and RNG all come back."""
+    schedule and data position all come back. (The RNG streams too, but training draws nothing
+    from them, so the losses cannot show it: test_checkpoint_rng.py checks them.)"""
     assert sorted(stopped_at_n.steps()) == list(range(1, N + 1))
     ckpt = tmp_path / "ckpt"
     shutil.copytree(stopped_at_n.workdir / "ckpt", ckpt)

@@ -12,6 +12,7 @@ import json
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from components import versions
 from components.cluster import SYSTEM_NODE_LABEL
@@ -19,8 +20,8 @@ from components.dashboards import gpu_training
 from components.observability import (
     DCGM_COUNTERS_PATH,
     MONITORING_NAMESPACE,
+    RULES_FILE,
     dcgm_exported_metrics,
-    load_rule_groups,
 )
 from components.offline import is_secret_value
 from components.settings import SettingsError
@@ -199,9 +200,11 @@ def test_dashboard_configmap_is_loaded_by_grafana(recording: Recording):
 
 
 def test_alert_rules_are_the_tested_file(recording: Recording):
+    """Checked against the file promtool checks (tests/test_alert_rules.py), parsed here."""
     rule = recording.one("kubernetes:monitoring.coreos.com/v1:PrometheusRule")
     assert rule.inputs["apiVersion"] == "monitoring.coreos.com/v1"
-    assert rule.inputs["spec"] == load_rule_groups()
+    assert rule.inputs["spec"] == yaml.safe_load(RULES_FILE.read_text())
+    assert rule.inputs["spec"]["groups"], "no rule group"
 
 
 def test_prometheus_storage_and_retention(recording: Recording, stack: str):

@@ -189,6 +189,8 @@ def write_rendered(rendered: list[Rendered], out: Path) -> list[Path]:
     written = []
     for r in rendered:
         path = out / f"{r.source}.yaml"
-        path.write_text(f"# {r.source}: {r.chart}, {len(r.objects)} objects (offline render)\n{r.text}")
+        missing = SUBCHART_STANDINS.get(Path(r.chart).name)
+        note = f"; without the subcharts {', '.join(missing)} (not vendored)" if missing else ""
+        path.write_text(f"# {r.source}: {r.chart}, {len(r.objects)} objects (offline render{note})\n{r.text}")
         written.append(path)
     return written

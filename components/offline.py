@@ -16,8 +16,8 @@ from typing import Any
 
 import pulumi
 import yaml
-from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import config as runtime_config
+from pulumi.runtime import mocks as pulumi_mocks
 
 ROOT = Path(__file__).resolve().parent.parent
 STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
@@ -148,7 +148,8 @@ class NoResourceRefsMonitor(pulumi_mocks.MockMonitor):
 
 def run_program(config: dict[str, Any], stack: str = "test") -> Recording:
     """Run ``build_stack(load_settings())`` with ``config`` (keys with namespace, values parsed)."""
-    from components.settings import SECRET_KEYS, load_settings
+    from components.settings import SECRET_KEYS
+    from components.settings_parser import load_settings
     from components.stack import build_stack
 
     flat = {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import pulumi
 
-from components.cluster import EksCluster, EksClusterArgs, ExistingCluster, ExistingClusterArgs
+from components.cluster import (
+    EksCluster,
+    EksClusterArgs,
+    ExistingCluster,
+    ExistingClusterArgs,
+)
 from components.device_plugins import DevicePlugins, DevicePluginsArgs
 from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
 from components.network import Network, NetworkArgs
 from components.observability import EksAddonTarget, Observability, ObservabilityArgs
 from components.registry import TrainingImage, TrainingImageArgs
-from components.settings import Settings, load_settings
+from components.settings import Settings
+from components.settings_parser import load_settings
 from components.storage import SharedClaim, SharedStorage, SharedStorageArgs
 from components.training_job import TrainingJob, TrainingJobArgs
 from components.training_operator import TrainingOperator, TrainingOperatorArgs

@@ -49,6 +49,7 @@ from components.gpu_nodes import GPU_TOLERATION
 from components.hardware import HardwareProfile
 from components.settings import JobSettings, gpus_per_node, job_node_bounds
 from components.storage import SharedClaim
+from training import config as training_config
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -75,8 +76,6 @@ CPU_PER_GPU = 8
 MEMORY_GIB_PER_GPU = 96
 """Requests per GPU: what both profiles have after system reservations (p4de: 12 vCPU and
 144 GiB per GPU, p5: 24 vCPU and 256 GiB). Requests only: memory above them is usable."""
-SEED = 42
-KEEP_CHECKPOINTS = 2
 MAX_NAME = 50
 """The job name plus ``-worker-<index>`` must stay a 63-character DNS label (pod and Service)."""
 HASH_LENGTH = 10
@@ -108,34 +107,22 @@ def efa_per_node(job: JobSettings, profile: HardwareProfile) -> int:
 def training_command(job: JobSettings, data_dir: str = RUN_DIR) -> list[str]:
     """``torchrun -m training.finetune`` and the package's flags (its CLI contract).
 
-    No torchrun flag: nodes, processes per node, rendezvous and restarts come from the
-    operator's ``PET_*`` environment. The Hugging Face token is read from ``HF_TOKEN`` only.
+    The flags come from the package's own config (``training.config.to_argv``): the job's
+    training settings plus what the stack owns (checkpoint and export directories on the run's
+    storage with the metrics JSONL, the Hugging Face cache on NVMe, the metrics port). No torchrun flag: nodes,
+    processes per node, rendezvous and restarts come from the operator's ``PET_*`` environment.
+    The Hugging Face token is read from ``HF_TOKEN`` only.
     ``data_dir``: the run's directory for checkpoints and the exported model.
     """
-    args = ["torchrun", "-m", "training.finetune", "--model", job.model]
-    if job.dataset:
-        args += ["--dataset", job.dataset]
-    args += ["--epochs", str(job.epochs)]
-    if job.max_steps is not None:
-        args += ["--max-steps", str(job.max_steps)]
-    args += [
-        "--batch-size", str(job.batch_size),
-        "--grad-accum", str(job.grad_accum),
-        "--seq-len", str(job.seq_len),
-        "--lr", f"{job.learning_rate:g}",
-        "--warmup-steps", str(job.warmup_steps),
-        "--sharding", job.sharding,
-        "--activation-checkpointing", job.activation_checkpointing,
-        "--compile" if job.compile else "--no-compile",
-        "--checkpoint-dir", f"{data_dir}/checkpoints",
-        "--checkpoint-every", str(job.checkpoint_every),
-        "--keep-checkpoints", str(KEEP_CHECKPOINTS),
-        "--output-dir", f"{data_dir}/output",
-        "--cache-dir", HF_HOME,
-        "--seed", str(SEED),
-        "--metrics-port", str(METRICS_PORT),
-    ]
-    return args
+    config = training_config.from_fields({
+        **training_config.flat(job.training),
+        "checkpoint_dir": f"{data_dir}/checkpoints",
+        "output_dir": f"{data_dir}/output",
+        "cache_dir": HF_HOME,
+        "metrics_port": METRICS_PORT,
+        "metrics_file": f"{data_dir}/metrics.jsonl",
+    })
+    return ["torchrun", "-m", "training.finetune", *training_config.to_argv(config)]
 
 
 def _env(hf_secret: str | None) -> list[dict]:
@@ -284,7 +271,7 @@ def pytorchjob_manifest(
             },
         },
     }
-    name = run_name(job.model, body)
+    name = run_name(job.training.model.model, body)
     return json.loads(json.dumps(body).replace(RUN, name))
 
 

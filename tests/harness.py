@@ -2,18 +2,35 @@
 modules share, and Kubernetes rules the tests apply."""
 
 import copy
+import dataclasses
 import json
 from typing import Any
 
 import pytest
 
 from components import versions
-from components.offline import (DUMMY_SECRETS, STACKS, Recording, Registration, is_secret_value, run_program,
-                                stack_config)
-from components.settings import SECRET_KEYS, Secrets, Settings, SettingsError, parse_settings
+from components.offline import (
+    DUMMY_SECRETS,
+    STACKS,
+    Recording,
+    Registration,
+    is_secret_value,
+    run_program,
+    stack_config,
+)
+from components.settings import (
+    SECRET_KEYS,
+    TRAINING_DEFAULTS,
+    JobSettings,
+    Secrets,
+    Settings,
+    SettingsError,
+)
+from components.settings_parser import parse_settings
+from training import config as training_config
 
 __all__ = ["DUMMY_SECRETS", "STACKS", "Recording", "Registration", "run_program", "stack_config", "tolerates",
-           "SECRETS", "raw_settings", "parse", "settings_error", "plain", "PYTORCHJOB", "job_of", "worker",
+           "SECRETS", "raw_settings", "job_settings", "parse", "settings_error", "plain", "PYTORCHJOB", "job_of", "worker",
            "container", "parse_flags", "GPU_TAINT", "HELM", "POD_IDENTITY", "release", "installs_pin", "pod_identity",
            "trusted_by_pod_identity"]
 
@@ -31,6 +48,13 @@ def raw_settings(stack: str) -> dict:
     secret_keys = {f"fsdp-eks:{k}" for k in SECRET_KEYS}
     return {k.split(":", 1)[1]: copy.deepcopy(v) for k, v in stack_config(stack).items()
             if k.startswith("fsdp-eks:") and k not in secret_keys}
+
+
+def job_settings(**values: Any) -> JobSettings:
+    """A job with the stack's defaults and these fields changed: the job's own (``nodes``) and
+    the training package's (``seq_len``), as snake_case names."""
+    own = {k: values.pop(k) for k in list(values) if k in {f.name for f in dataclasses.fields(JobSettings)}}
+    return JobSettings(training=training_config.from_fields({**TRAINING_DEFAULTS, **values}), **own)
 
 
 def parse(config: dict, secrets: Secrets = SECRETS) -> Settings:

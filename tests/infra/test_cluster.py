@@ -16,7 +16,16 @@ import yaml
 
 from components import versions
 from components.hardware import PROFILES
-from tests.harness import GPU_TAINT, HELM, Recording, installs_pin, release, run_program, stack_config, tolerates
+from tests.harness import (
+    GPU_TAINT,
+    HELM,
+    Recording,
+    installs_pin,
+    release,
+    run_program,
+    stack_config,
+    tolerates,
+)
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"

@@ -26,8 +26,22 @@ from components.observability import (
 )
 from components.offline import is_secret_value
 from components.settings import SettingsError
-from tests.harness import (DUMMY_SECRETS, GPU_TAINT, HELM, POD_IDENTITY, Recording, Registration, installs_pin, plain,
-                           pod_identity, release, run_program, stack_config, tolerates, trusted_by_pod_identity)
+from tests.harness import (
+    DUMMY_SECRETS,
+    GPU_TAINT,
+    HELM,
+    POD_IDENTITY,
+    Recording,
+    installs_pin,
+    Registration,
+    plain,
+    pod_identity,
+    release,
+    run_program,
+    stack_config,
+    tolerates,
+    trusted_by_pod_identity,
+)
 
 ADDON = "aws:eks/addon:Addon"
 PASSWORD = DUMMY_SECRETS["fsdp-eks:grafanaAdminPassword"]

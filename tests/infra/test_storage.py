@@ -18,9 +18,28 @@ import pytest
 from components import versions
 from components.cluster import SYSTEM_NODE_LABEL
 from components.training_job import APP_UID
-from tests.harness import (GPU_TAINT, HELM, PYTORCHJOB, Recording, Registration, container, job_of, parse, parse_flags,
-                           installs_pin, plain, pod_identity, raw_settings, release, run_program, settings_error, stack_config,
-                           tolerates, trusted_by_pod_identity, worker)
+from tests.harness import (
+    GPU_TAINT,
+    HELM,
+    PYTORCHJOB,
+    Recording,
+    installs_pin,
+    Registration,
+    container,
+    job_of,
+    parse,
+    parse_flags,
+    plain,
+    pod_identity,
+    raw_settings,
+    release,
+    run_program,
+    settings_error,
+    stack_config,
+    tolerates,
+    trusted_by_pod_identity,
+    worker,
+)
 
 FSX = "aws:fsx/lustreFileSystem:LustreFileSystem"
 SG = "aws:ec2/securityGroup:SecurityGroup"

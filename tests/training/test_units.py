@@ -59,7 +59,7 @@ def test_contract_flags_exist():
     """Checked against the contract other engineers rely on (the PyTorchJob's command)."""
     help_text = C.build_parser().format_help()
     for f in ["--model", "--dataset", "--epochs", "--max-steps", "--batch-size", "--grad-accum",
-              "--seq-len", "--lr", "--warmup-steps", "--weight-decay", "--max-grad-norm",
+              "--seq-len", "--learning-rate", "--warmup-steps", "--weight-decay", "--max-grad-norm",
               "--sharding", "--activation-checkpointing", "--compile", "--no-compile",
               "--checkpoint-dir", "--checkpoint-every", "--keep-checkpoints", "--output-dir",
               "--cache-dir", "--seed", "--metrics-port", "--metrics-file"]:
@@ -68,7 +68,7 @@ def test_contract_flags_exist():
 
 
 @pytest.mark.parametrize("argv, flag", [
-    (["--lr", "0"], "--lr"), (["--seq-len", "4"], "--seq-len"),
+    (["--learning-rate", "0"], "--learning-rate"), (["--seq-len", "4"], "--seq-len"),
     (["--batch-size", "0"], "--batch-size"), (["--metrics-port", "70000"], "--metrics-port"),
     (["--hsdp-shard-size", "2"], "--hsdp-shard-size"), (["--keep-checkpoints", "0"],
                                                          "--keep-checkpoints"),

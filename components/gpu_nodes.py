@@ -215,10 +215,15 @@ def require_node_label(key: str, value: str) -> dict:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
-def gpu_node_placement() -> dict:
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+"""The label every node carries (set by the kubelet), ours or an existing cluster's."""
+
+
+def gpu_node_placement(instance_type: str) -> dict:
     """Pod spec (or chart values) keys that put a pod on the GPU nodes only: it tolerates their
-    taint and requires their ``nvidia.com/gpu`` label."""
+    taint and requires their instance type, a label an existing cluster's GPU nodes carry too
+    (``GPU_LABELS`` are only on the node group this stack creates)."""
     return {
         "tolerations": [dict(GPU_TOLERATION)],
-        "affinity": require_node_label("nvidia.com/gpu", GPU_LABELS["nvidia.com/gpu"]),
+        "affinity": require_node_label(INSTANCE_TYPE_LABEL, instance_type),
     }

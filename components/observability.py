@@ -80,7 +80,7 @@ DCGM_FULLNAME = "dcgm-exporter"
 """Name of the exporter's DaemonSet and Service, hence the ``job`` label of its series."""
 DCGM_COUNTERS_PATH = "/etc/dcgm-exporter/default-counters.csv"
 """Where the chart mounts ``customMetrics`` (ConfigMap ``exporter-metrics-config-map``, key
-``metrics``; chart 4.8.3 ``extraConfigMapVolumes`` default); passed with ``-f`` explicitly."""
+``metrics``; chart 4.8.2 ``extraConfigMapVolumes`` default); passed with ``-f`` explicitly."""
 DASHBOARD_LABEL = {"grafana_dashboard": "1"}
 DEBUG_TOOLS_NAME = "gpu-debug-tools"
 DEBUG_TOOLS_CHECKOV_SKIPS = {
@@ -284,13 +284,13 @@ def kube_prometheus_stack_values(
     }
 
 
-def dcgm_exporter_values(*, release_label: pulumi.Input[str]) -> dict[str, Any]:
-    """Helm values of dcgm-exporter: GPU nodes only, our metrics list, a ServiceMonitor."""
+def dcgm_exporter_values(*, release_label: pulumi.Input[str], gpu_instance_type: str) -> dict[str, Any]:
+    """Helm values of dcgm-exporter: GPU nodes only (by instance type), our metrics list, a ServiceMonitor."""
     return {
         "fullnameOverride": DCGM_FULLNAME,
         "arguments": ["-f", DCGM_COUNTERS_PATH],
         "customMetrics": dcgm_metrics_csv(),
-        **gpu_node_placement(),
+        **gpu_node_placement(gpu_instance_type),
         "serviceMonitor": {"enabled": True, "additionalLabels": {"release": release_label}},
     }
 
@@ -312,7 +312,7 @@ def grafana_port_forward_command() -> str:
     return f"kubectl -n {MONITORING_NAMESPACE} port-forward svc/{GRAFANA_SERVICE} 3000:80"
 
 
-def debug_tools_spec() -> dict[str, Any]:
+def debug_tools_spec(gpu_instance_type: str) -> dict[str, Any]:
     """DaemonSet spec of the htop/nvtop pods: ``kubectl exec -it <pod> -- nvtop``.
 
     No maintained public image ships nvtop, so a pinned CUDA base image installs htop and nvtop
@@ -333,7 +333,7 @@ def debug_tools_spec() -> dict[str, Any]:
             "metadata": {"labels": labels},
             "spec": {
                 "hostPID": True,
-                **gpu_node_placement(),
+                **gpu_node_placement(gpu_instance_type),
                 "terminationGracePeriodSeconds": 1,
                 "automountServiceAccountToken": False,
                 "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
@@ -390,6 +390,8 @@ class ObservabilityArgs:
     """The ``alertSlackWebhook`` Pulumi secret; None: no Slack delivery."""
     system_node_selector: Mapping[str, str]
     """Where Prometheus, Grafana and the operator run: the cluster's system nodes."""
+    gpu_instance_type: str
+    """The profile's instance type: dcgm-exporter and the debug tools run on nodes of this type."""
     eks: EksAddonTarget | None = None
     """None on an existing cluster: its EBS CSI driver is assumed, no add-on is created."""
     ready: Sequence[pulumi.Resource] = field(default_factory=tuple)
@@ -439,7 +441,7 @@ class Observability(pulumi.ComponentResource):
             f"{name}-dcgm",
             versions.DCGM_EXPORTER,
             MONITORING_NAMESPACE,
-            dcgm_exporter_values(release_label=self.release_name),
+            dcgm_exporter_values(release_label=self.release_name, gpu_instance_type=args.gpu_instance_type),
             self._in_cluster(args, self.stack_release),
         )
         self.alert_rules = k8s.apiextensions.CustomResource(
@@ -541,10 +543,11 @@ class Observability(pulumi.ComponentResource):
     ) -> tuple[k8s.apps.v1.DaemonSet, k8s.networking.v1.NetworkPolicy]:
         """The htop/nvtop DaemonSet, and a NetworkPolicy that admits nothing to its pods (they serve
         nothing; ``kubectl exec`` goes through the kubelet, not the pod network)."""
+        spec = debug_tools_spec(args.gpu_instance_type)
         policy = k8s.networking.v1.NetworkPolicy(
             f"{name}-debug-tools-network-policy",
             metadata={"name": DEBUG_TOOLS_NAME, "namespace": MONITORING_NAMESPACE},
-            spec={"podSelector": {"matchLabels": debug_tools_spec()["selector"]["matchLabels"]},
+            spec={"podSelector": {"matchLabels": spec["selector"]["matchLabels"]},
                   "policyTypes": ["Ingress"], "ingress": []},
             opts=self._in_cluster(args, self.namespace),
         )
@@ -552,7 +555,7 @@ class Observability(pulumi.ComponentResource):
             f"{name}-debug-tools",
             metadata={"name": DEBUG_TOOLS_NAME, "namespace": MONITORING_NAMESPACE,
                       "annotations": checkov.skip_annotations(DEBUG_TOOLS_CHECKOV_SKIPS)},
-            spec=debug_tools_spec(),
+            spec=spec,
             opts=self._in_cluster(args, self.namespace),
         )
         return daemon_set, policy

@@ -11,6 +11,7 @@ import base64
 import copy
 import email
 
+import pytest
 import yaml
 
 from components import versions
@@ -19,6 +20,7 @@ from tests.harness import (
     GPU_TAINT,
     HELM,
     Recording,
+    installs_pin,
     release,
     run_program,
     stack_config,
@@ -153,20 +155,35 @@ def test_gpu_node_group_shape(recording: Recording, stack: str):
 
 def test_device_plugins_pinned_and_tolerating_the_gpu_taint(recording: Recording):
     for pin in (versions.NVIDIA_DEVICE_PLUGIN, versions.EFA_DEVICE_PLUGIN):
-        plugin = release(recording, pin).inputs
-        assert plugin["version"] == pin.version and "latest" not in pin.version
-        assert plugin["repositoryOpts"]["repo"] == pin.repo
-        assert tolerates(plugin["values"]["tolerations"], GPU_TAINT), f"{pin.chart} cannot land on GPU nodes"
+        plugin = release(recording, pin)
+        assert installs_pin(plugin, pin), f"{plugin.name}: {plugin.inputs['chart']} {plugin.inputs['version']}"
+        assert tolerates(plugin.inputs["values"]["tolerations"], GPU_TAINT), f"{pin.chart} cannot land on GPU nodes"
 
 
-def test_efa_plugin_kept_to_efa_nodes(recording: Recording):
-    """On a node without EFA devices the plugin crash-loops."""
+def test_efa_plugin_kept_to_the_gpu_instance_type(recording: Recording):
+    """On a node without EFA devices the plugin crash-loops; an existing cluster's GPU nodes
+    carry the instance type (set by the kubelet) but none of our node group's labels."""
     efa = release(recording, versions.EFA_DEVICE_PLUGIN)
-    gpu_labels = recording.one(NODE_GROUP, "gpu-gpu").inputs["labels"]
-    system_labels = recording.one(NODE_GROUP, "cluster-system").inputs["labels"]
+    group = recording.one(NODE_GROUP, "gpu-gpu").inputs
+    system = recording.one(NODE_GROUP, "cluster-system").inputs
     selector = efa.inputs["values"]["nodeSelector"]
-    assert selector.items() <= gpu_labels.items(), "EFA plugin would not run on the GPU nodes"
-    assert not selector.items() <= system_labels.items(), "EFA plugin would run on CPU nodes"
+    assert selector == {"node.kubernetes.io/instance-type": group["instanceTypes"][0]}, selector
+    assert selector["node.kubernetes.io/instance-type"] not in system["instanceTypes"], "EFA plugin on CPU nodes"
+
+
+def test_efa_plugin_image_is_current_and_from_the_stack_region(recording: Recording, stack: str):
+    """The chart's default (plugin v0.5.10 from us-west-2) is replaced by the pinned plugin from
+    the registry of the stack's region (account table of the EKS user guide)."""
+    image = release(recording, versions.EFA_DEVICE_PLUGIN).inputs["values"]["image"]
+    region = stack_config(stack)["aws:region"]
+    assert image["repository"] == f"602401143452.dkr.ecr.{region}.amazonaws.com/eks/aws-efa-k8s-device-plugin"
+    assert image["tag"] == versions.EFA_DEVICE_PLUGIN_IMAGE_TAG != "v0.5.10"
+
+
+def test_eks_image_registry_of_a_region_with_its_own_account():
+    assert versions.eks_image_registry("af-south-1") == "877085696533.dkr.ecr.af-south-1.amazonaws.com"
+    with pytest.raises(ValueError, match="EKS_IMAGE_REGISTRY_ACCOUNTS"):
+        versions.eks_image_registry("xx-nowhere-1")
 
 
 def test_cluster_is_pinned_api_authenticated_without_default_nodes(recording: Recording, stack: str):

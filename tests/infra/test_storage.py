@@ -24,6 +24,7 @@ from tests.harness import (
     POD_IDENTITY,
     PYTORCHJOB,
     Recording,
+    installs_pin,
     Registration,
     container,
     job_of,
@@ -169,7 +170,7 @@ def test_the_stack_exports_the_file_system_id(recording: Recording):
 def test_csi_driver_is_pinned_and_lands_on_the_gpu_nodes(recording: Recording):
     driver = release(recording, versions.FSX_CSI_DRIVER)
     pin = versions.FSX_CSI_DRIVER
-    assert (driver.inputs["version"], driver.inputs["repositoryOpts"]["repo"]) == (pin.version, pin.repo)
+    assert installs_pin(driver, pin), f"{driver.name}: {driver.inputs['chart']} {driver.inputs['version']}"
     assert all(part.isdigit() for part in pin.version.split(".")), f"{pin.chart} {pin.version}: not an exact version"
     assert driver.inputs["namespace"] == "kube-system"
     assert driver.provider and "cluster-k8s" in driver.provider, "in-cluster objects use the cluster's provider"

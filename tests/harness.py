@@ -8,7 +8,7 @@ import json
 import os
 import shutil
 import socket
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -35,8 +35,8 @@ from training import config as training_config
 
 __all__ = ["DUMMY_SECRETS", "STACKS", "Recording", "Registration", "run_program", "stack_config", "tolerates",
            "SECRETS", "raw_settings", "job_settings", "parse", "settings_error", "plain", "PYTORCHJOB", "job_of", "worker",
-           "container", "parse_flags", "GPU_TAINT", "HELM", "POD_IDENTITY", "release", "pod_identity",
-           "trusted_by_pod_identity", "variant_config", "variant", "require_tool", "under_ci", "free_port"]
+           "container", "parse_flags", "GPU_TAINT", "HELM", "POD_IDENTITY", "release", "installs_pin", "pod_identity",
+           "trusted_by_pod_identity", "variant_config", "variant", "require_tool", "tool_missing", "under_ci", "free_port"]
 
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
 HELM = "kubernetes:helm.sh/v3:Release"
@@ -83,15 +83,19 @@ def under_ci() -> bool:
     return os.environ.get("CI", "").lower() not in ("", "0", "false")
 
 
+def tool_missing(message: str) -> NoReturn:
+    """The one rule for a missing external tool: a failure under CI (whose ``.ci/run`` installs
+    every tool), a skip with ``message`` (what is missing, how to install it) elsewhere."""
+    if under_ci():
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def require_tool(name: str, install: str) -> str:
-    """The path of an external program a test runs. Missing, it fails the test under CI (whose
-    ``.ci/run`` installs every tool) and skips it elsewhere, saying how to install it."""
+    """The path of an external program a test runs, found on the PATH (``tool_missing`` if not)."""
     path = shutil.which(name)
     if path is None:
-        message = f"{name} not found: {install}"
-        if under_ci():
-            pytest.fail(message)
-        pytest.skip(message)
+        tool_missing(f"{name} not found: {install}")
     return path
 
 
@@ -179,10 +183,21 @@ def parse_flags(args: list[str]) -> dict[str, str | None]:
 
 
 def release(recording: Recording, chart: versions.HelmChart) -> Registration:
-    """The run's one Helm release of ``chart``."""
-    found = [r for r in recording.of_type(HELM) if r.inputs["chart"] == chart.chart]
+    """The run's one Helm release of ``chart`` (by name from a repository, or its vendored folder)."""
+    found = [r for r in recording.of_type(HELM) if r.inputs["chart"] in (chart.chart, f"./{chart.folder}")]
     assert len(found) == 1, f"expected one {chart.chart} release, found {[r.name for r in found]}"
     return found[0]
+
+
+def installs_pin(registration: Registration, chart: versions.HelmChart) -> bool:
+    """The release installs exactly the pinned chart: its vendored folder (the copy the rendering
+    tests render) or, for a chart not vendored whole, the repository at the pinned version."""
+    inputs = registration.inputs
+    if inputs.get("version") != chart.version or "latest" in chart.version:
+        return False
+    if chart.vendored:
+        return inputs["chart"] == f"./{chart.folder}" and "repositoryOpts" not in inputs
+    return inputs["chart"] == chart.chart and inputs["repositoryOpts"]["repo"] == chart.repo
 
 
 def pod_identity(recording: Recording, namespace: str, account: str) -> tuple[Registration, Registration, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import email
+import json
 
 import pytest
 import yaml
@@ -20,6 +21,8 @@ from tests.harness import (
     HELM,
     Recording,
     installs_pin,
+    parse_flags,
+    plain,
     release,
     stack_config,
     tolerates,
@@ -276,3 +279,30 @@ def test_existing_cluster_deploys_only_in_cluster_layers():
         if r.type.startswith("kubernetes:"):
             assert "pulumi:providers:kubernetes::cluster-k8s" in r.provider
     assert rec.exports["cluster_name"] == "research" and "kubeconfig" in rec.secret_exports
+
+
+def test_existing_cluster_kubeconfig_authenticates_with_aws_eks_get_token():
+    """Checked against kubectl's kubeconfig format and client-go's exec credential plugin
+    (``client.authentication.k8s.io/v1beta1``, the apiVersion `aws eks update-kubeconfig`
+    writes): the kubeconfig the stack exports and gives its Kubernetes provider reaches the
+    looked-up cluster's endpoint with its CA, and gets a token from `aws eks get-token` for that
+    cluster in the stack's region (no token is stored in the state)."""
+    rec = variant("p5", cluster={"existingClusterName": "research"},
+                  storage={"fsx": False, "existingClaimName": "checkpoints"})
+    exported = rec.exports["kubeconfig"]
+    config = json.loads(exported)
+    assert "kubeconfig" in rec.secret_exports
+    assert config["apiVersion"] == "v1" and config["kind"] == "Config"
+    (context,) = config["contexts"]
+    assert config["current-context"] == context["name"]
+    (cluster,) = [c["cluster"] for c in config["clusters"] if c["name"] == context["context"]["cluster"]]
+    # The mocks' getCluster answer for "research" (components/offline.py).
+    assert cluster == {"server": "https://EXAMPLE.gr7.eks.amazonaws.com", "certificate-authority-data": "Q0VSVA=="}
+    (user,) = [u["user"] for u in config["users"] if u["name"] == context["context"]["user"]]
+    exec_ = user["exec"]
+    assert exec_["apiVersion"] == "client.authentication.k8s.io/v1beta1" and exec_["command"] == "aws"
+    region = stack_config("p5")["aws:region"]
+    assert parse_flags(exec_["args"]) == {"--cluster-name": "research", "--region": region, "--output": "json"}
+    assert exec_["args"][:2] == ["eks", "get-token"]
+    provider = rec.one("pulumi:providers:kubernetes", "cluster-k8s").inputs
+    assert json.loads(plain(provider["kubeconfig"])) == config

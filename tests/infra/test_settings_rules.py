@@ -97,7 +97,7 @@ CASES = [
     # job (p5.48xlarge: 8 GPUs, 32 EFA interfaces)
     ("no-nodes", "p5", {"job.nodes": 0}, SECRETS, "job.nodes", "must be at least 1"),
     ("negative-restarts", "p5", {"job.maxRestarts": -1}, SECRETS, "job.maxRestarts", "must be 0 or more"),
-    ("parameters-not-positive", "p5", {"job.model": "mistralai/Mistral-7B-v0.1", "job.modelParameters": 0},
+    ("parameters-not-positive", "p5", {"job.model": "mistralai/Mistral-7B-v0.1", "job.modelParameters": 0.0},
      SECRETS, "job.modelParameters", "in billions"),
     ("more-gpus-than-the-node", "p5", {"job.gpusPerNode": 9}, SECRETS, "job.gpusPerNode", "use 1..8"),
     ("no-gpus", "p5", {"job.gpusPerNode": 0}, SECRETS, "job.gpusPerNode", "use 1..8"),
@@ -149,9 +149,14 @@ CASES = [
 @pytest.mark.parametrize(("stack", "changes", "secrets", "key", "reason"),
                          [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_each_rule_names_the_key_and_the_reason(stack, changes, secrets, key, reason):
+    """The key, the reason, and (where the case set that key) the bad value as the user wrote it."""
     found = problems(changed(stack, changes), secrets)
     assert key in found, f"no problem on {key}; got {found}"
     assert any(reason in message for message in found[key]), found[key]
+    if key in changes and changes[key] is not DROP:  # the list, or the one bad item of it
+        given = changes[key]
+        named = [given, *(given if isinstance(given, list) else [])]
+        assert any(f"{key} = {v!r}: " in message for v in named for message in found[key]), found[key]
 
 
 # (case, stack, changes): each value just inside the limit a case above crosses.

@@ -190,6 +190,9 @@ ACCEPTED = [
     ("fsx-throughput-1000", "p5", {"storage.fsxThroughputPerTiB": 1000}),
     ("one-node-on-its-nvme", "p5", {"storage.fsx": False, "job.nodes": 1}),
     ("existing-cluster-with-a-claim", "p5", EXISTING),
+    ("one-node-group-of-one", "p5", {"gpuNodes.desiredSize": 1, "gpuNodes.maxSize": 1, "job.nodes": 1}),
+    ("system-nodes-one", "p5", {"cluster.systemNodes": {"minSize": 1, "desiredSize": 1, "maxSize": 1}}),
+    ("half-a-billion-parameters", "p5", {"job.model": "Qwen/Qwen2.5-0.5B", "job.modelParameters": 0.5}),
     ("unknown-model-with-size", "p5", {"job.model": "mistralai/Mistral-7B-v0.1", "job.modelParameters": 7.2,
                                        "job.activationCheckpointing": "full"}),
 ]

@@ -226,3 +226,52 @@ def test_reservation_only_is_a_property_of_the_profile(monkeypatch):
     monkeypatch.setitem(hardware.PROFILES, "p4de", dataclasses.replace(p4de, reservation_only=False))
     assert "p5.48xlarge is only sold" in problems(raw("p5"))["gpuNodes.capacityReservationId"][0]
     assert problems(changed("p4de", {"gpuNodes.capacityReservationId": DROP})) == {}
+
+
+# --------------------------------------------------------------------------- the training keys
+# The job's training keys are checked by the package's own rules (training/config.py's
+# problems()), the ones the pod applies; the stack names them by their stack key.
+TRAINING_REFUSED = [
+    ("model", " ", "must name a model"),
+    ("dataset", "", "must name a dataset or a file"),
+    ("seqLen", 7, "must be at least 8"),
+    ("epochs", 0, "must be >= 1"),
+    ("maxSteps", 0, "must be >= 1 when set"),
+    ("batchSize", 0, "must be >= 1"),
+    ("gradAccum", 0, "must be >= 1"),
+    ("seed", -1, "must be >= 0"),
+    ("logEvery", 0, "must be >= 1"),
+    ("learningRate", 0.0, "must be in (0, 1)"),
+    ("learningRate", 1.0, "must be in (0, 1)"),
+    ("warmupSteps", -1, "must be >= 0"),
+    ("minLrRatio", -0.1, "must be in [0, 1]"),
+    ("minLrRatio", 1.5, "must be in [0, 1]"),
+    ("weightDecay", -0.1, "must be >= 0"),
+    ("maxGradNorm", -1.0, "must be >= 0"),
+    ("hsdpShardSize", -1, "must be >= 0"),
+    ("checkpointEvery", -1, "must be >= 0"),
+    ("keepCheckpoints", 0, "must be >= 1"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "reason"), TRAINING_REFUSED, ids=lambda v: str(v))
+def test_each_training_rule_names_its_stack_key(key, value, reason):
+    found = problems(changed("p5", {f"job.{key}": value}))
+    assert any(m.startswith(f"fsdp-eks:job.{key} = {value!r}: {reason}") for m in found.get(f"job.{key}", [])), found
+
+
+TRAINING_ACCEPTED = {
+    "seqLen": 8, "maxSteps": 1, "seed": 0, "epochs": 1, "batchSize": 1, "gradAccum": 1, "logEvery": 1,
+    "learningRate": 0.5, "warmupSteps": 0, "minLrRatio": 0.0, "weightDecay": 0.0, "maxGradNorm": 0.0,
+    "checkpointEvery": 0, "keepCheckpoints": 1,
+}
+"""The value at each training limit, which the package accepts."""
+
+
+@pytest.mark.parametrize(("key", "value"), [*TRAINING_ACCEPTED.items(), ("minLrRatio", 1.0)], ids=str)
+def test_training_values_at_their_limits_are_accepted(key, value):
+    assert problems(changed("p5", {f"job.{key}": value})) == {}
+
+
+def test_hsdp_shard_size_is_accepted_with_hybrid_shard():
+    assert problems(changed("p5", {"job.sharding": "HYBRID_SHARD", "job.hsdpShardSize": 8})) == {}

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from components.hardware import PROFILES
 from tests.harness import Recording, container, job_of, plain, stack_config, worker
+from training.hardware import peak_bf16_flops
 
 INSTANCE_CAPACITY = {"p5.48xlarge": (192, 2048), "p4de.24xlarge": (96, 1152)}
 """vCPUs and memory (GiB) of each instance type (EC2 "Accelerated computing" instance types)."""
@@ -120,3 +123,19 @@ def test_etcd_never_runs_two_members(recording: Recording):
     (etcd,) = [r for r in recording.of_type("kubernetes:apps/v1:Deployment") if "etcd" in r.name]
     spec = plain(etcd.inputs)["spec"]
     assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+
+
+@pytest.mark.parametrize(("device", "tflops"), [
+    ("NVIDIA H100 80GB HBM3", 989.5), ("NVIDIA H100 PCIe", 756), ("NVIDIA H200", 989.5), ("NVIDIA H20", 148),
+    ("NVIDIA A100-SXM4-80GB", 312), ("NVIDIA A10G", 125), ("NVIDIA L40S", 362), ("NVIDIA L4", 121),
+])
+def test_the_bf16_peak_of_each_gpu_as_torch_names_it(device: str, tflops: float):
+    """Checked against NVIDIA's datasheets (dense bf16 tensor TFLOP/s), looked up by the names
+    torch.cuda.get_device_name reports: the H200 is not the H20, the H100 PCIe not the SXM."""
+    assert peak_bf16_flops(device) == pytest.approx(tflops * 1e12)
+
+
+def test_each_profile_names_a_gpu_with_a_known_peak():
+    """Checked against the instance pages: p5 has H100 SXM (989.5 TFLOP/s bf16), p4de A100."""
+    assert {name: p.gpu_peak_bf16_flops for name, p in PROFILES.items()} == {"p5": 989.5e12, "p4de": 312e12}
+    assert peak_bf16_flops("cpu") is None

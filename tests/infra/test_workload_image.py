@@ -152,8 +152,9 @@ def test_repository_scans_keeps_the_last_images_and_can_be_destroyed(recording: 
     assert repo["forceDelete"] is True
     policy = json.loads(recording.one("aws:ecr/lifecyclePolicy:LifecyclePolicy").inputs["policy"])
     (rule,) = policy["rules"]
-    assert rule["selection"] == {"tagStatus": "any", "countType": "imageCountMoreThan",
-                                 "countNumber": registry.KEEP_IMAGES}
+    # docs/design.md#image: the 20 most recent images stay (rollback targets and the build
+    # cache's manifest), every older one expires, tagged or not (ECR "Lifecycle policies").
+    assert rule["selection"] == {"tagStatus": "any", "countType": "imageCountMoreThan", "countNumber": 20}
     assert rule["action"] == {"type": "expire"}
 
 

@@ -46,9 +46,12 @@ def test_one_interface_per_network_card(recording: Recording, stack: str):
     cards = profile_of(stack).network_cards
     assert [int(i["networkCardIndex"]) for i in interfaces] == list(range(cards)), "one interface per card"
     assert int(interfaces[0]["deviceIndex"]) == 0 and interfaces[0]["interfaceType"] == "efa"
+    # Every other card as gpuNodes.secondaryInterfaceType says, default efa-only (EFA without an
+    # IP: the cards do not use up the subnet's addresses; docs/design.md#gpu-nodes-and-efa).
+    secondary = gpu_settings(stack).get("secondaryInterfaceType", "efa-only")
     for i in interfaces[1:]:
         assert int(i["deviceIndex"]) == 1, f"card {i['networkCardIndex']} must sit at device index 1"
-        assert i["interfaceType"] in ("efa", "efa-only")
+        assert i["interfaceType"] == secondary, f"card {i['networkCardIndex']}: {i['interfaceType']}"
 
 
 def test_every_interface_carries_cluster_and_efa_security_groups(recording: Recording):
@@ -107,8 +110,14 @@ def test_gpu_nodes_can_mount_fsx_when_the_job_uses_it(recording: Recording, stac
 
 
 def test_root_volume_is_large_and_encrypted(recording: Recording):
-    ebs = recording.one(LT, "gpu-lt").inputs["blockDeviceMappings"][0]["ebs"]
-    assert int(ebs["volumeSize"]) >= 200 and ebs["encrypted"] == "true"
+    """Checked against the AL2023 AMI's root device (/dev/xvda: a mapping on another name adds a
+    second, unused disk and leaves the root at the AMI's 20 GiB) and EBS gp3: encrypted, deleted
+    with the node."""
+    (mapping,) = recording.one(LT, "gpu-lt").inputs["blockDeviceMappings"]
+    ebs = mapping["ebs"]
+    assert mapping["deviceName"] == "/dev/xvda"
+    assert int(ebs["volumeSize"]) >= 200 and ebs["encrypted"] == "true" and ebs["volumeType"] == "gp3"
+    assert ebs["deleteOnTermination"] == "true"
 
 
 def test_placement_group_only_without_reservation(recording: Recording, stack: str):

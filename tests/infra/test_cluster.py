@@ -66,7 +66,10 @@ def test_efa_security_group_allows_all_traffic_to_and_from_itself(recording: Rec
     sg = recording.one("aws:ec2/securityGroup:SecurityGroup", "gpu-efa").inputs
     for direction in ("ingress", "egress"):
         rules = sg[direction]
-        assert any(r["protocol"] == "-1" and r.get("self") for r in rules), f"{direction}: no all-traffic self rule"
+        # The provider's SecurityGroup docs: with protocol "-1" (all), from_port and to_port
+        # must both be 0.
+        assert any(r["protocol"] == "-1" and r.get("self") and int(r["fromPort"]) == int(r["toPort"]) == 0
+                   for r in rules), f"{direction}: no all-traffic self rule"
 
 
 def test_no_pod_can_reach_a_nodes_instance_metadata(recording: Recording):

@@ -7,6 +7,7 @@ own constants: a changed constant must fail a test.
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -139,3 +140,27 @@ def test_each_profile_names_a_gpu_with_a_known_peak():
     """Checked against the instance pages: p5 has H100 SXM (989.5 TFLOP/s bf16), p4de A100."""
     assert {name: p.gpu_peak_bf16_flops for name, p in PROFILES.items()} == {"p5": 989.5e12, "p4de": 312e12}
     assert peak_bf16_flops("cpu") is None
+
+
+def test_the_node_role_is_assumable_by_ec2(recording: Recording):
+    """Checked against the EKS user guide's node IAM role trust policy: the instances assume the
+    role through the EC2 service principal, else no node gets credentials and none joins."""
+    ng = recording.one("aws:eks/nodeGroup:NodeGroup", "gpu-gpu").inputs
+    (role,) = [r for r in recording.of_type("aws:iam/role:Role") if ng["nodeRoleArn"].endswith(f":{r.name}")]
+    policy = json.loads(role.inputs["assumeRolePolicy"])
+    assert policy["Version"] == "2012-10-17"
+    assert {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"} in (
+        policy["Statement"])
+
+
+def test_the_control_plane_spans_the_networks_subnets_and_nodes_get_no_public_ip(recording: Recording):
+    """Checked against the EKS user guide's VPC requirements: the control plane's interfaces go
+    in the private subnets (load balancers in the public ones), every AZ of the network; nodes
+    stay private (no public IP), reaching out through the NAT gateways."""
+    cluster = recording.one("eks:index:Cluster").inputs
+    subnets = {f"{s.name}-id": s.inputs for s in recording.of_type("aws:ec2/subnet:Subnet")}
+    private = {i for i, s in subnets.items() if s["tags"].get("kubernetes.io/role/internal-elb") == "1"}
+    public = {i for i, s in subnets.items() if s["tags"].get("kubernetes.io/role/elb") == "1"}
+    assert set(cluster["privateSubnetIds"]) == private and set(cluster["publicSubnetIds"]) == public
+    assert cluster["vpcId"] == "network-vpc-id"
+    assert cluster["nodeAssociatePublicIpAddress"] is False

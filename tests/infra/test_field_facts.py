@@ -93,7 +93,8 @@ def test_the_pod_requests_fit_the_node(recording: Recording, stack: str):
     profile = PROFILES[stack_config(stack)["fsdp-eks:profile"]]
     vcpus, memory_gib = INSTANCE_CAPACITY[profile.instance_type]
     requests = container(job_of(recording))["resources"]["requests"]
-    assert 0 < float(requests["cpu"]) <= 0.9 * vcpus, requests
+    # at least one core per rank (one process per GPU), within the instance
+    assert int(requests["nvidia.com/gpu"]) <= float(requests["cpu"]) <= 0.9 * vcpus, requests
     assert 0 < quantity_bytes(requests["memory"]) <= 0.9 * memory_gib * 2**30, requests
 
 

@@ -35,7 +35,8 @@ from training.loss import install_loss_forward
 from training.metrics import (JsonLines, device_name, dtype_name, model_flops, peak_flops,
                               step_metrics, summarize)
 from training.model import allocate, build_meta_model, load_weights, set_sdpa_backend
-from training.parallel import DTYPES, build_mesh, compute_dtype, parallelize
+from training.parallel import (DTYPES, build_mesh, compute_dtype, float8_post_step, parallelize,
+                              set_requires_gradient_sync)
 from training.prometheus import NoMetrics, TrainingMetrics
 
 log = logging.getLogger("training")
@@ -85,14 +86,16 @@ def _build_data(cfg: JobConfig, tokenizer, env: DistEnv) -> tuple[PackedData, St
     return data, sampler
 
 
-def _parallelize(cfg: JobConfig, model: nn.Module, env: DistEnv) -> tuple[DeviceMesh, dict]:
-    """A meta-device model -> attention backend, loss forward, AC, compile, fully_shard ->
-    storage for this rank's shards (uninitialised)."""
+def _parallelize(cfg: JobConfig, model: nn.Module, env: DistEnv,
+                 fsdp_at_world_1: bool = False) -> tuple[DeviceMesh, dict]:
+    """A meta-device model -> attention backend, loss forward, AC, compile, fully_shard (local
+    mixed precision at world size 1) -> storage for this rank's shards (uninitialised)."""
     set_sdpa_backend(cfg.model.sdpa_backend, env.device)
     install_loss_forward(model, fused=cfg.model.loss == "fused")
     mesh = build_mesh(cfg.parallel, env)
     wrapped = parallelize(model, cfg.parallel, mesh,
-                          compute_dtype(cfg.model.dtype, env.device), fp8=cfg.model.fp8)
+                          compute_dtype(cfg.model.dtype, env.device), fp8=cfg.model.fp8,
+                          fsdp_at_world_1=fsdp_at_world_1)
     allocate(model, env.device)
     return mesh, wrapped
 
@@ -112,13 +115,18 @@ def _build_model(cfg: JobConfig, model_dir: Path, env: DistEnv) -> nn.Module:
 
 def _build_optimizer(model: nn.Module, cfg: OptimConfig,
                      device: torch.device) -> torch.optim.Optimizer:
-    """AdamW (fused on CUDA); weight decay on matrices only."""
+    """AdamW (fused on CUDA); weight decay on matrices only; float8 all-gathers' scales are
+    computed after each step."""
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
-                             fused=device.type == "cuda")
+    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
+                                  fused=device.type == "cuda")
+    post_step = float8_post_step(model)
+    if post_step is not None:
+        optimizer.register_step_post_hook(post_step)
+    return optimizer
 
 
 class WarmupCosine:
@@ -155,7 +163,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     scale = None
     loss_sum = torch.zeros((), device=env.device)
     for i, (inputs, labels) in enumerate(micro_batches):
-        model.set_requires_gradient_sync(i == len(micro_batches) - 1)
+        set_requires_gradient_sync(model, i == len(micro_batches) - 1)
         loss = model(inputs, labels)  # summed token loss (training/loss.py)
         if scale is None:
             counted.wait()  # the compute stream waits; the host does not

@@ -92,6 +92,13 @@ def bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-steps", type=int, default=0,
                    help="after the timed steps, profile this many more (torch.profiler) and "
                         "write rank 0's Chrome trace beside the JSON (.trace.json.gz)")
+    p.add_argument("--fsdp-at-world-1", action="store_true",
+                   help="keep fully_shard on one GPU (default: local mixed precision there), "
+                        "to measure what FSDP costs at world size 1")
+    p.add_argument("--checkpoint-cost", metavar="DIR", default=None,
+                   help="after the timed steps, measure what one checkpoint of the model and "
+                        "optimizer state (DCP, as training/checkpoint.py) costs the steps: "
+                        "dcp.save, and dcp.async_save with default and pinned staging, to DIR")
     p.add_argument("--sync-every-step", action="store_true",
                    help="read the loss on the host after every step (as a per-step logger "
                         "would), to measure what that sync costs")
@@ -159,13 +166,14 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
     if args.shape or any(getattr(args, n) is not None for n in SHAPE_FLAGS):
         model_cfg = _model_config(args, cfg.data.seq_len)
         model = meta_model_from_config(model_cfg)
-        _parallelize(cfg, model, env)
+        _, wrapped = _parallelize(cfg, model, env, fsdp_at_world_1=args.fsdp_at_world_1)
         init_random_(model, cfg.train.seed)
         model.train()
         source = f"random init, shape {args.shape or 'custom'}"
     else:
         model_dir = hub.fetch_model(cfg.model.model, cfg.model.cache_dir, cfg.train.seed, env)
         model = _build_model(cfg, model_dir, env)
+        wrapped = {"fully_shard": 1} if env.world_size > 1 else {}
         source = f"loaded from {cfg.model.model}"
     _sync(device)
     timings["model_s"] = time.perf_counter() - started
@@ -245,6 +253,9 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
             trace.parent.mkdir(parents=True, exist_ok=True)
             prof.export_chrome_trace(str(trace))
 
+    checkpoint_cost = (_checkpoint_cost(step, model, optimizer, Path(args.checkpoint_cost),
+                                        device) if args.checkpoint_cost else None)
+
     peak_alloc = torch.cuda.max_memory_allocated(device) if cuda else 0
     peak_reserved = torch.cuda.max_memory_reserved(device) if cuda else 0
     state = probe.allocated or 0
@@ -282,7 +293,9 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
         "fp8": cfg.model.fp8,
         "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get(
             "PYTORCH_ALLOC_CONF"),
-        "strategy": cfg.parallel.sharding,
+        "strategy": (cfg.parallel.sharding if "fully_shard" in wrapped
+                     else "none: local mixed precision (world size 1)"),
+        "wrapped": wrapped,
         "sdpa_backend": cfg.model.sdpa_backend,
         "loss": cfg.model.loss,
         "sync_every_step": args.sync_every_step,
@@ -307,7 +320,89 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
         "startup_s": {k: v for k, v in timings.items() if k != "time_to_first_step_s"},
         "config": cfg.to_dict(),
     }
+    if checkpoint_cost is not None:
+        record["checkpoint_cost"] = checkpoint_cost
     return record
+
+
+def _checkpoint_cost(step, model, optimizer, where: Path, device: torch.device) -> dict:
+    """What one checkpoint costs the training steps (issue 16), with the DCP calls of
+    training/checkpoint.py (model and optimizer state dicts of `get_*_state_dict`).
+
+    sync: the step that saves with `dcp.save` minus a plain step (the median of 5). async: the
+    time `dcp.async_save` blocks (the state staged into CPU memory), plus what the steps run
+    during the background write lose against the plain step. Three async variants: the default
+    stager (a blocking copy to pageable memory), and a pinned-memory stager with non-blocking
+    copies, kept across saves as a job would (its first save allocates the pinned buffers, the
+    second is the steady state)."""
+    import shutil
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    def state() -> dict:
+        return {"model": get_model_state_dict(model),
+                "optimizer": get_optimizer_state_dict(model, optimizer)}
+
+    def timed(n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            started = time.perf_counter()
+            step()
+            _sync(device)
+            out.append(time.perf_counter() - started)
+        return out
+
+    def local_bytes(tree) -> int:
+        if isinstance(tree, dict):
+            return sum(local_bytes(v) for v in tree.values())
+        if isinstance(tree, (list, tuple)):
+            return sum(local_bytes(v) for v in tree)
+        if isinstance(tree, torch.Tensor):
+            t = tree.to_local() if isinstance(tree, DTensor) else tree
+            return t.numel() * t.element_size()
+        return 0
+
+    base = statistics.median(timed(5))
+    out: dict = {"state_gib_per_rank": local_bytes(state()) / GIB, "plain_step_s": base,
+                 "dir": str(where)}
+    started = time.perf_counter()
+    step()
+    dcp.save(state(), checkpoint_id=str(where / "sync"))
+    _sync(device)
+    out["sync"] = {"blocked_s": time.perf_counter() - started - base}
+    log.info("checkpoint cost: %s", json.dumps(out))
+    shutil.rmtree(where / "sync", ignore_errors=True)
+    cuda = device.type == "cuda"  # pinned memory and non-blocking copies need a GPU
+    stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                          use_async_staging=True, use_non_blocking_copy=cuda))
+    for name, kwargs in (("async_default_staging", {}),
+                         ("async_pinned_first", {"async_stager": stager}),
+                         ("async_pinned", {"async_stager": stager})):
+        step()
+        _sync(device)
+        started = time.perf_counter()
+        response = dcp.async_save(state(), checkpoint_id=str(where / name), **kwargs)
+        staging = getattr(response, "staging_completion", None)
+        upload = getattr(response, "upload_completion", response)
+        if staging is not None:  # the next optimizer step must not change what is staged
+            staging.result()
+        blocked = time.perf_counter() - started
+        during = []
+        while not upload.done():
+            during += timed(1)
+        upload.result()
+        out[name] = {"blocked_s": blocked, "write_s": time.perf_counter() - started,
+                     "steps_during_write": len(during),
+                     "step_during_write_median_s": statistics.median(during) if during else None,
+                     "lost_during_write_s": sum(d - base for d in during),
+                     "cost_s": blocked + sum(d - base for d in during)}
+        log.info("checkpoint cost %s: %s", name, json.dumps(out[name]))
+        shutil.rmtree(where / name, ignore_errors=True)
+    stager.close()
+    return out
 
 
 def _memory(peak_alloc: float, peak_reserved: float, state: float, expected_state: float,

@@ -154,7 +154,8 @@ class LocalMixedPrecision:
     hands it the fp32 gradient, so the low-precision copy is freed as backward proceeds.
     The arithmetic is FSDP's at world size 1: the same bf16 values in every matmul, the same
     bf16 gradients cast to fp32, summed in fp32 over micro-batches (tested against the FSDP path
-    in tests/training/test_training_runs.py). Memory: the compute-dtype copy of every parameter
+    in tests/training/test_units.py). Float8 linears keep their fp32 weights: torchao casts
+    them to float8 directly, so a bf16 copy would be one more pass for nothing. Memory: the compute-dtype copy of every parameter
     lives from the first forward to its gradient (as with SHARD_GRAD_OP), 2 B per parameter.
     """
 
@@ -171,7 +172,13 @@ class LocalMixedPrecision:
     @torch.no_grad()
     def _swap_in(self, *_):
         if not self.params:  # the meta model's parameters, replaced when it was allocated
-            self.params = [p for p in self.model().parameters() if p.requires_grad]
+            model = self.model()
+            float8 = {id(p) for m in model.modules() if type(m).__name__ == "Float8Linear"
+                      for p in m.parameters(recurse=False)}
+            # float8 linears cast their fp32 weight to float8 themselves: a bf16 copy first
+            # would only add a pass over it (and one over its gradient)
+            self.params = [p for p in model.parameters()
+                           if p.requires_grad and id(p) not in float8]
             for p in self.params:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
         if self.masters:  # a later micro-batch of the same step: the copies are in place
@@ -206,8 +213,9 @@ def set_requires_gradient_sync(model: nn.Module, sync: bool) -> None:
     local = _LOCAL.get(model)
     if local is not None:
         local.set_requires_gradient_sync(sync)
-    else:
+    elif hasattr(model, "set_requires_gradient_sync"):  # fully_shard
         model.set_requires_gradient_sync(sync)
+    # else: one process in fp32, nothing wrapped: autograd accumulates .grad in fp32 itself
 
 
 def parallelize(model: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh,

@@ -83,6 +83,19 @@ phaseconv() {  # float8 convergence on the Brown corpus (fp8_convergence.py), th
   titan titan-16l-fp8 110 --layers 16 --ac none --float8
 }
 
+phaseagain() {  # the bf16 pairs again (a second same-call sample), the pinned async checkpoint
+  # in steady state (7B shape cut to 4 layers), the float8 pair if time is left
+  ours ours-16l-none 110 $SHAPE --layers 16 --activation-checkpointing none --compile
+  titan titan-16l-none 110 --layers 16 --ac none
+  ours ours-7b-full 120 $SHAPE --activation-checkpointing full --compile
+  titan titan-7b-full 120 --layers 32 --ac full
+  ours ckpt-7b-4l-fsdp 130 --shape llama2-7b --layers 4 --seq-len 4096 --batch-size 3 --bench-steps 5 \
+    --bench-warmup 2 --activation-checkpointing none --compile --fsdp-at-world-1 --checkpoint-cost /tmp/ckpt
+  grep -h "checkpoint cost" "$LOG" | tail -4
+  ours ours-16l-fp8 110 $SHAPE --layers 16 --activation-checkpointing none --compile --fp8
+  titan titan-16l-fp8 110 --layers 16 --ac none --float8
+}
+
 "phase$PHASE"
 pack
 echo "--- phase $PHASE done at $(elapsed) s"

@@ -21,6 +21,7 @@ SECRET_KEYS = ("hfToken", "grafanaAdminPassword")
 
 RdzvBackend = Literal["etcd", "etcd-v2", "c10d"]
 SecondaryInterfaceType = Literal["efa", "efa-only"]
+SupportType = Literal["STANDARD", "EXTENDED"]
 
 
 # --------------------------------------------------------------------------- the settings types
@@ -70,6 +71,11 @@ class ClusterSettings:
     """Sizes of the system node group."""
     public_access_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
     """CIDRs allowed to reach the public Kubernetes API endpoint."""
+    support_type: SupportType = "STANDARD"
+    """EKS upgrade policy at the end of standard support: ``STANDARD`` (EKS upgrades the cluster)
+    or ``EXTENDED`` (stays, at about 6x the control-plane price). pulumi-eks defaults to EXTENDED."""
+    log_retention_days: int = 30
+    """Days CloudWatch keeps the control-plane logs (``/aws/eks/<cluster>/cluster``); 0 keeps them forever."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,7 +261,9 @@ class Problem:
     fix: str
 
     def __str__(self) -> str:
-        return f"{NAMESPACE}:{self.key} = {self.value!r}: {self.fix}"
+        # A key in parentheses is not a config key (the stack's name): no namespace before it.
+        key = self.key if self.key.startswith("(") else f"{NAMESPACE}:{self.key}"
+        return f"{key} = {self.value!r}: {self.fix}"
 
 
 class SettingsError(ValueError):

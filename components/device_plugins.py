@@ -6,6 +6,7 @@ plugins; without them a node advertises neither ``nvidia.com/gpu`` nor ``vpc.ama
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -38,6 +39,8 @@ class DevicePluginsArgs:
     """Inputs of ``DevicePlugins``."""
 
     provider: k8s.Provider
+    ready: Sequence[pulumi.Resource] = ()
+    """What the plugins wait for: the GPU nodes they run on (and the cluster's ``ready``)."""
 
 
 class DevicePlugins(pulumi.ComponentResource):
@@ -45,7 +48,7 @@ class DevicePlugins(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: DevicePluginsArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("fsdp-eks:plugins:DevicePlugins", name, None, opts)
-        in_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        in_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=list(args.ready))
         self.nvidia = helm_release(
             f"{name}-nvidia", versions.NVIDIA_DEVICE_PLUGIN, "kube-system", nvidia_plugin_values(), in_cluster
         )

@@ -8,6 +8,7 @@ own git loader at preview and update (``git`` must be on the PATH of the machine
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -23,6 +24,8 @@ class TrainingOperatorArgs:
     provider: k8s.Provider
     """The cluster's provider; it must have server-side apply enabled."""
     manifests: str = versions.TRAINING_OPERATOR_MANIFESTS
+    ready: Sequence[pulumi.Resource] = ()
+    """What the operator waits for: the nodes and cluster DNS its pods need (the cluster's ``ready``)."""
 
 
 class TrainingOperator(pulumi.ComponentResource):
@@ -36,6 +39,6 @@ class TrainingOperator(pulumi.ComponentResource):
             # Children wait for readiness (skip_await False): the job is created only once the
             # CRD is established and the operator's webhook answers.
             skip_await=False,
-            opts=pulumi.ResourceOptions(parent=self, provider=args.provider),
+            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=list(args.ready)),
         )
         self.register_outputs({"manifests": args.manifests})

@@ -16,6 +16,7 @@ import pulumi_aws as aws
 import yaml
 
 from components.hardware import HardwareProfile
+from components.node_metadata import metadata_options
 from components.settings import GpuNodeSettings
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
@@ -180,12 +181,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 [args.cluster_security_group_id, self.efa_security_group.id],
                 s.secondary_interface_type,
             ),
-            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                http_endpoint="enabled",
-                http_tokens="required",
-                # 2 hops: pods (one hop behind the node) still reach IMDSv2.
-                http_put_response_hop_limit=2,
-            ),
+            # IMDSv2, one hop: no pod on a GPU node can take the node role (components/node_metadata.py).
+            metadata_options=metadata_options(),
             block_device_mappings=[
                 aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
                     device_name="/dev/xvda",

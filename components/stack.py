@@ -90,9 +90,9 @@ def build_stack(settings: Settings) -> dict[str, object]:
                 "storage",
                 SharedStorageArgs(
                     name=settings.name,
+                    region=settings.region,
                     settings=settings.storage,
                     namespace=settings.job.namespace,
-                    cluster_name=cluster.cluster_name,
                     vpc_id=network.vpc_id,
                     gpu_subnet_ids=network.gpu_subnet_ids,
                     cluster_security_group_id=cluster.cluster_security_group_id,
@@ -117,6 +117,7 @@ def build_stack(settings: Settings) -> dict[str, object]:
                 settings=settings.observability,
                 provider=cluster.provider,
                 grafana_admin_password=settings.secrets.grafana_admin_password,
+                alert_slack_webhook=settings.secrets.alert_slack_webhook,
                 system_node_selector=cluster.system_node_selector,
                 eks=(
                     EksAddonTarget(cluster_name=cluster.cluster_name,

@@ -161,7 +161,7 @@ def test_the_offline_plan_labels_the_example_reservation(capsys):
 
 
 def node_config(recording: Recording) -> dict:
-    data = base64.b64decode(recording.one("aws:ec2/launchTemplate:LaunchTemplate").inputs["userData"])
+    data = base64.b64decode(recording.one("aws:ec2/launchTemplate:LaunchTemplate", "gpu-lt").inputs["userData"])
     [part] = [p for p in email.message_from_bytes(data).walk() if p.get_content_type() == "application/node.eks.aws"]
     return yaml.safe_load(part.get_payload())
 

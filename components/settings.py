@@ -23,6 +23,7 @@ secret never sits inside a section, where it would turn the section secret or st
 
 RdzvBackend = Literal["etcd", "etcd-v2", "c10d"]
 SecondaryInterfaceType = Literal["efa", "efa-only"]
+SupportType = Literal["STANDARD", "EXTENDED"]
 
 
 # --------------------------------------------------------------------------- the settings types
@@ -79,6 +80,11 @@ class ClusterSettings:
     """IAM roles given cluster-admin (EKS access entries, ``AmazonEKSClusterAdminPolicy``)."""
     viewer_role_arns: tuple[str, ...] = ()
     """IAM roles given read-only access to the cluster (EKS access entries, ``AmazonEKSViewPolicy``)."""
+    support_type: SupportType = "STANDARD"
+    """EKS upgrade policy at the end of standard support: ``STANDARD`` (EKS upgrades the cluster)
+    or ``EXTENDED`` (stays, at about 6x the control-plane price). pulumi-eks defaults to EXTENDED."""
+    log_retention_days: int = 30
+    """Days CloudWatch keeps the control-plane logs (``/aws/eks/<cluster>/cluster``); 0 keeps them forever."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,7 +275,9 @@ class Problem:
     fix: str
 
     def __str__(self) -> str:
-        return f"{NAMESPACE}:{self.key} = {self.value!r}: {self.fix}"
+        # A key in parentheses is not a config key (the stack's name): no namespace before it.
+        key = self.key if self.key.startswith("(") else f"{NAMESPACE}:{self.key}"
+        return f"{key} = {self.value!r}: {self.fix}"
 
 
 class SettingsError(ValueError):

@@ -14,6 +14,7 @@ from components.device_plugins import DevicePlugins, DevicePluginsArgs
 from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
 from components.network import Network, NetworkArgs
 from components.observability import EksAddonTarget, Observability, ObservabilityArgs
+from components.preflight import preflight
 from components.registry import TrainingImage, TrainingImageArgs
 from components.settings import Settings
 from components.settings_parser import load_settings
@@ -33,8 +34,14 @@ def gpu_nodes_command(profile_instance_type: str) -> str:
 
 
 def build_stack(settings: Settings) -> dict[str, object]:
-    """Create every component for ``settings`` and return the stack outputs."""
+    """Check ``settings`` against the account (``preflight``: zones, instance offerings), then
+    create every component and return the stack outputs.
+
+    Ordering: every in-cluster layer waits for the nodes its pods need (``cluster.ready``: the
+    system nodes, CoreDNS, the Pod Identity agent; the device plugins also for the GPU nodes)."""
+    preflight(settings)
     outputs: dict[str, object] = {}
+    gpu_nodes: list[pulumi.Resource] = []
     # Where the job's checkpoints go: a claim every worker mounts, or (None) each node's NVMe.
     shared = None if settings.storage.existing_claim_name is None else SharedClaim(
         name=settings.storage.existing_claim_name
@@ -71,9 +78,12 @@ def build_stack(settings: Settings) -> dict[str, object]:
                 cluster_security_group_id=cluster.cluster_security_group_id,
                 node_role_arn=cluster.node_role.arn,
                 lustre_client=settings.storage.fsx,
+                # Not the whole cluster: the GPU nodes start beside the system nodes, not after
+                # CoreDNS (which waits for the system nodes).
+                can_join=cluster.nodes_can_join,
             ),
-            opts=pulumi.ResourceOptions(depends_on=[cluster]),
         )
+        gpu_nodes = [gpu.node_group]
         outputs["gpu_node_group"] = gpu.node_group_name
         if settings.storage.fsx:
             storage = SharedStorage(
@@ -99,7 +109,7 @@ def build_stack(settings: Settings) -> dict[str, object]:
     DevicePlugins(
         "device-plugins",
         DevicePluginsArgs(provider=cluster.provider, gpu_instance_type=settings.profile.instance_type,
-                          region=settings.region),
+                          region=settings.region, ready=[*cluster.ready, *gpu_nodes]),
     )
     # Before the training job: its PodMonitor needs the monitoring CRDs (depends_on=[observability]).
     observability = None
@@ -144,7 +154,8 @@ def _training(
     image = TrainingImage("training-image", TrainingImageArgs(name=settings.name))
     operator = TrainingOperator(
         "training-operator",
-        TrainingOperatorArgs(provider=cluster.provider, system_node_selector=cluster.system_node_selector),
+        TrainingOperatorArgs(provider=cluster.provider, system_node_selector=cluster.system_node_selector,
+                             ready=cluster.ready),
     )
     job = TrainingJob(
         "training-job",
@@ -158,6 +169,7 @@ def _training(
             operator=[operator],
             monitoring=monitoring,
             shared=shared,
+            ready=cluster.ready,
         ),
     )
     return {

@@ -379,6 +379,9 @@ class TrainingJobArgs:
     """The monitoring stack that installs the PodMonitor CRD; None: no PodMonitor."""
     shared: SharedClaim | None = None
     """The claim every worker mounts for checkpoints and the exported model; None: node-local NVMe."""
+    ready: Sequence[pulumi.Resource] = ()
+    """What the job's namespace (and so everything in it: etcd, the Secret, the job) waits for:
+    the system nodes etcd runs on and cluster DNS (the cluster's ``ready``)."""
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -389,7 +392,8 @@ class TrainingJob(pulumi.ComponentResource):
         ns = args.job.namespace
         in_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider)
         self.namespace = k8s.core.v1.Namespace(
-            f"{name}-namespace", metadata={"name": ns, "labels": dict(LABELS)}, opts=in_cluster
+            f"{name}-namespace", metadata={"name": ns, "labels": dict(LABELS)},
+            opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(depends_on=list(args.ready))),
         )
         in_namespace = pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(depends_on=[self.namespace]))
         self.hf_secret = self._hf_secret(name, ns, args.hf_token, in_namespace)

@@ -28,7 +28,7 @@ from training import hub
 from training.checkpoint import Checkpointer, TrainerState
 from training.config import JobConfig, OptimConfig, parse_args
 from training.dataset import IGNORE_INDEX, PackedData, StepSampler, load_records, pack
-from training.dist import DistEnv, all_sum, init_distributed
+from training.dist import DistEnv, all_sum, check_locked_memory, init_distributed
 from training.errors import OOM_ADVICE, UserError
 from training.export import export_hf
 from training.loss import install_loss_forward
@@ -346,6 +346,12 @@ def set_runtime_defaults(cfg: JobConfig) -> None:
 @record
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
+    # First, before any download or collective: EFA with too little locked memory fails only
+    # deep inside NCCL's first all-reduce.
+    memlock = check_locked_memory()
+    if memlock is not None:
+        print(f"error: {memlock}", file=sys.stderr)
+        return 1
     set_runtime_defaults(cfg)
     env = init_distributed()
     _setup_logging(env)

@@ -194,10 +194,11 @@ def test_cluster_is_pinned_api_authenticated_without_default_nodes(recording: Re
     assert cluster["authenticationMode"] == "API"
     assert cluster["skipDefaultNodeGroup"] is True
     assert cluster["vpcCniOptions"]["addonVersion"] == addons["vpc-cni"]
-    assert cluster["corednsAddonOptions"]["version"] == addons["coredns"]
+    assert cluster["corednsAddonOptions"]["enabled"] is False, "pulumi-eks would create CoreDNS before any node"
     assert cluster["kubeProxyAddonOptions"]["version"] == addons["kube-proxy"]
     pod_identity = recording.one("aws:eks/addon:Addon", "cluster-pod-identity-agent").inputs
     assert pod_identity["addonVersion"] == addons["eks-pod-identity-agent"]
+    assert recording.one("aws:eks/addon:Addon", "cluster-coredns").inputs["addonVersion"] == addons["coredns"]
 
 
 def test_vpc_cni_new_enough_for_efa_only_interfaces():

@@ -31,11 +31,17 @@ errs high; it is a guard against runs that cannot work, not a tuning tool.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # settings imports this module for its rule: no import cycle at run time
-    from components.hardware import HardwareProfile
-    from components.settings import JobSettings, Problem, Settings
+from components.hardware import HardwareProfile
+from components.settings import (
+    JobSettings,
+    Problem,
+    Settings,
+    gpus_per_node,
+    job_node_bounds,
+)
+from training import config as training_config
+from training.config import TINY_MODEL
 
 GIB = 1024**3
 STATE_BYTES_PER_PARAM = 16
@@ -44,8 +50,6 @@ BUDGET_FRACTION = 0.9
 COMPILED_ACTIVATION_FACTOR = 127.0 / 153.6
 """Measured activations of a compiled Llama block over this module's eager formula."""
 MAX_SUGGESTED_NODES = 64
-TINY_MODEL = "tiny"
-"""The training package's offline 2-layer model: nothing to check."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -203,22 +207,15 @@ def budget_gib(profile: HardwareProfile) -> float:
 
 def _min_nodes(job: JobSettings) -> int:
     """Elastic jobs may run at their lower bound: the fewest GPUs, the largest shards."""
-    from components.settings import job_node_bounds
-
     return job_node_bounds(job)[0]
 
 
 def _job_estimate(shape: ModelShape, job: JobSettings, profile: HardwareProfile, **changes) -> MemoryEstimate:
-    from components.settings import gpus_per_node
-
+    t = training_config.flat(job.training)
     params = {
-        "sharding": job.sharding,
         "nodes": _min_nodes(job),
         "gpus_per_node": gpus_per_node(job, profile),
-        "batch_size": job.batch_size,
-        "seq_len": job.seq_len,
-        "activation_checkpointing": job.activation_checkpointing,
-        "compile": job.compile,
+        **{k: t[k] for k in ("sharding", "batch_size", "seq_len", "activation_checkpointing", "compile")},
     }
     params.update(changes)
     return estimate(shape, **params)
@@ -228,11 +225,12 @@ def what_would_fit(shape: ModelShape, job: JobSettings, profile: HardwareProfile
     """Changes of one or two keys that bring the estimate under the budget, each with its total."""
     budget = budget_gib(profile)
     nodes = _min_nodes(job)
+    t = training_config.flat(job.training)
     options = []
     for n in range(nodes + 1, MAX_SUGGESTED_NODES + 1):
         e = _job_estimate(shape, job, profile, nodes=n, sharding="FULL_SHARD")
         if e.total <= budget:
-            also = "" if job.sharding == "FULL_SHARD" else " with job.sharding FULL_SHARD"
+            also = "" if t["sharding"] == "FULL_SHARD" else " with job.sharding FULL_SHARD"
             options.append(f"job.nodes {n}{also} (and gpuNodes.desiredSize/maxSize >= {n}): {e.total:.1f} GiB")
             break
     for key, change in (
@@ -242,7 +240,7 @@ def what_would_fit(shape: ModelShape, job: JobSettings, profile: HardwareProfile
          {"sharding": "FULL_SHARD", "activation_checkpointing": "full"}),
         ("job.batchSize 1", {"batch_size": 1}),
     ):
-        if any(getattr(job, k) == v for k, v in change.items()):
+        if any(t[k] == v for k, v in change.items()):
             continue  # already so, or the same as a single change above
         e = _job_estimate(shape, job, profile, **change)
         if e.total <= budget:
@@ -252,19 +250,18 @@ def what_would_fit(shape: ModelShape, job: JobSettings, profile: HardwareProfile
 
 def fit_problems(s: Settings) -> list[Problem]:
     """The settings rule: refuse a job whose per-GPU estimate exceeds the budget."""
-    from components.settings import Problem, gpus_per_node
-
     j, p = s.job, s.profile
-    if j.model == TINY_MODEL:
+    t = training_config.flat(j.training)
+    if t["model"] == TINY_MODEL:
         return []
     if j.model_parameters is not None and j.model_parameters <= 0:
         return []  # the job rules report it; nothing sensible to estimate
-    shape = model_shape(j.model, j.model_parameters)
+    shape = model_shape(t["model"], j.model_parameters)
     if shape is None:
         return [Problem("job.modelParameters", None,
-                        f"{j.model} is not in the GPU-memory fit check's table (components/memory_fit.py): "
+                        f"{t['model']} is not in the GPU-memory fit check's table (components/memory_fit.py): "
                         "give its parameter count in billions, e.g. modelParameters: 8.0")]
-    if min(j.nodes, j.batch_size, j.seq_len, _min_nodes(j)) < 1:
+    if min(j.nodes, _min_nodes(j)) < 1:
         return []  # the job rules report these; nothing sensible to estimate
     e = _job_estimate(shape, j, p)
     budget = budget_gib(p)
@@ -272,12 +269,13 @@ def fit_problems(s: Settings) -> list[Problem]:
         return []
     gpus = gpus_per_node(j, p)
     nodes = _min_nodes(j)
-    value = (f"{j.model} on {nodes} x {p.instance_type} ({nodes * gpus} GPUs), {j.sharding}, "
-             f"batchSize {j.batch_size}, seqLen {j.seq_len}, activationCheckpointing {j.activation_checkpointing}")
+    value = (f"{t['model']} on {nodes} x {p.instance_type} ({nodes * gpus} GPUs), {t['sharding']}, "
+             f"batchSize {t['batch_size']}, seqLen {t['seq_len']}, "
+             f"activationCheckpointing {t['activation_checkpointing']}")
     options = what_would_fit(shape, j, p)
     would = ("would fit: " + "; ".join(options)) if options else (
         f"nothing up to {MAX_SUGGESTED_NODES} nodes fits: use a smaller model or a GPU with more memory")
     return [Problem("job", value,
                     f"does not fit in GPU memory: estimated {e.total:.1f} GiB per GPU > {budget:.1f} GiB "
                     f"({BUDGET_FRACTION:.0%} of {p.gpu_memory_gib} GiB, {p.gpu_model}): "
-                    f"{e.breakdown(shape, j.activation_checkpointing)}. It {would}")]
+                    f"{e.breakdown(shape, t['activation_checkpointing'])}. It {would}")]

@@ -31,6 +31,19 @@ run's own ``/fsx/runs/<run>``: a multi-node distributed checkpoint is whole only
 writes. The init container creates that directory as root and hands it to the training user (the
 file system's root belongs to root). The Hugging Face cache and the flight-recorder dumps stay on
 NVMe. The job creates the claim in its namespace (namespace, then claim, then job).
+
+**Least privilege** (``WORKER_SECURITY``, ``PREPARE_SECURITY``). The workers run as the image's
+uid 1000, never escalate, keep no capability, use the runtime's default seccomp profile and get no
+service-account token (nothing in the pod calls the Kubernetes API; rendezvous goes to etcd or
+worker 0). EFA and NCCL need no more: the device plugins put the GPUs and ``/dev/infiniband/uverbs*``
+into the container's device cgroup (their device nodes are world read-write: rdma-core's udev
+rules, NVIDIA's driver), and libfabric's large locked-memory registrations need a high
+``RLIMIT_MEMLOCK`` (awsome-distributed-ai#647: "Cannot allocate memory" at 64 KiB), which the GPU
+nodes' containerd grants every container (components/gpu_nodes.py). ``IPC_LOCK`` would not help:
+a non-root process has an empty effective capability set. The root filesystem stays writable:
+torch.compile and Triton write their caches under ``/tmp`` and ``$HOME``; uid 1000 can write only
+where the image lets it. The init container is the one exception to non-root, with two capabilities
+(``PREPARE_SECURITY``).
 """
 
 from __future__ import annotations
@@ -49,6 +62,7 @@ from components.gpu_nodes import GPU_TOLERATION
 from components.hardware import HardwareProfile
 from components.settings import JobSettings, gpus_per_node, job_node_bounds
 from components.storage import SharedClaim
+from training import config as training_config
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -75,8 +89,6 @@ CPU_PER_GPU = 8
 MEMORY_GIB_PER_GPU = 96
 """Requests per GPU: what both profiles have after system reservations (p4de: 12 vCPU and
 144 GiB per GPU, p5: 24 vCPU and 256 GiB). Requests only: memory above them is usable."""
-SEED = 42
-KEEP_CHECKPOINTS = 2
 MAX_NAME = 50
 """The job name plus ``-worker-<index>`` must stay a 63-character DNS label (pod and Service)."""
 HASH_LENGTH = 10
@@ -84,6 +96,37 @@ RUN = "@RUN@"
 """Placeholder for the run's name while the manifest is hashed."""
 RUN_LABEL = "fsdp-eks/run"
 """Pod label naming the run: how the log command finds every worker of it."""
+WORKER_SECURITY = {
+    "pod": {
+        "runAsUser": APP_UID,
+        "runAsGroup": APP_UID,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    },
+    "container": {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+    },
+}
+"""The workers' pod and ``pytorch`` container security contexts (module docstring, "Least privilege")."""
+PREPARE_SECURITY = {
+    # Root, because the directories it hands over belong to root: the kubelet creates hostPath
+    # subPaths as root and a shared file system's root is root's.
+    "runAsUser": 0,
+    "runAsNonRoot": False,
+    "allowPrivilegeEscalation": False,
+    "privileged": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {
+        "drop": ["ALL"],
+        # CHOWN: hand the run's directories to uid 1000. DAC_OVERRIDE: on a restarted pod or a later
+        # run, directories on the path may already be uid 1000's (the training process made them),
+        # where root without it is only "other". No FOWNER: nothing is chmod-ed.
+        "add": ["CHOWN", "DAC_OVERRIDE"],
+    },
+}
+"""The init container's security context: root with only what ``mkdir`` and ``chown`` need."""
 LABELS = {"app.kubernetes.io/name": "fsdp-finetune", "app.kubernetes.io/part-of": "fsdp-eks",
           "app.kubernetes.io/component": "training"}
 """On every run's pods, so one PodMonitor scrapes every run."""
@@ -108,34 +151,22 @@ def efa_per_node(job: JobSettings, profile: HardwareProfile) -> int:
 def training_command(job: JobSettings, data_dir: str = RUN_DIR) -> list[str]:
     """``torchrun -m training.finetune`` and the package's flags (its CLI contract).
 
-    No torchrun flag: nodes, processes per node, rendezvous and restarts come from the
-    operator's ``PET_*`` environment. The Hugging Face token is read from ``HF_TOKEN`` only.
+    The flags come from the package's own config (``training.config.to_argv``): the job's
+    training settings plus what the stack owns (checkpoint and export directories on the run's
+    storage with the metrics JSONL, the Hugging Face cache on NVMe, the metrics port). No torchrun flag: nodes,
+    processes per node, rendezvous and restarts come from the operator's ``PET_*`` environment.
+    The Hugging Face token is read from ``HF_TOKEN`` only.
     ``data_dir``: the run's directory for checkpoints and the exported model.
     """
-    args = ["torchrun", "-m", "training.finetune", "--model", job.model]
-    if job.dataset:
-        args += ["--dataset", job.dataset]
-    args += ["--epochs", str(job.epochs)]
-    if job.max_steps is not None:
-        args += ["--max-steps", str(job.max_steps)]
-    args += [
-        "--batch-size", str(job.batch_size),
-        "--grad-accum", str(job.grad_accum),
-        "--seq-len", str(job.seq_len),
-        "--lr", f"{job.learning_rate:g}",
-        "--warmup-steps", str(job.warmup_steps),
-        "--sharding", job.sharding,
-        "--activation-checkpointing", job.activation_checkpointing,
-        "--compile" if job.compile else "--no-compile",
-        "--checkpoint-dir", f"{data_dir}/checkpoints",
-        "--checkpoint-every", str(job.checkpoint_every),
-        "--keep-checkpoints", str(KEEP_CHECKPOINTS),
-        "--output-dir", f"{data_dir}/output",
-        "--cache-dir", HF_HOME,
-        "--seed", str(SEED),
-        "--metrics-port", str(METRICS_PORT),
-    ]
-    return args
+    config = training_config.from_fields({
+        **training_config.flat(job.training),
+        "checkpoint_dir": f"{data_dir}/checkpoints",
+        "output_dir": f"{data_dir}/output",
+        "cache_dir": HF_HOME,
+        "metrics_port": METRICS_PORT,
+        "metrics_file": f"{data_dir}/metrics.jsonl",
+    })
+    return ["torchrun", "-m", "training.finetune", *training_config.to_argv(config)]
 
 
 def _env(hf_secret: str | None) -> list[dict]:
@@ -177,6 +208,7 @@ def _pod_template(
         "command": training_command(job, data_dir),
         "env": _env(hf_secret),
         "ports": ports,
+        "securityContext": dict(WORKER_SECURITY["container"]),
         "resources": {
             "requests": {"cpu": str(CPU_PER_GPU * gpus), "memory": f"{MEMORY_GIB_PER_GPU * gpus}Gi", **devices},
             "limits": dict(devices),
@@ -197,7 +229,7 @@ def _pod_template(
             "bash", "-c",
             f"mkdir -p {' '.join(made)} && chown {APP_UID}:{APP_UID} {' '.join(owned)}",
         ],
-        "securityContext": {"runAsUser": 0, "runAsNonRoot": False},
+        "securityContext": dict(PREPARE_SECURITY),
         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
         "volumeMounts": [
             {"name": "nvme", "mountPath": NVME},
@@ -213,7 +245,9 @@ def _pod_template(
         "spec": {
             "nodeSelector": {"node.kubernetes.io/instance-type": profile.instance_type},
             "tolerations": [dict(GPU_TOLERATION)],
-            "securityContext": {"runAsUser": APP_UID, "runAsGroup": APP_UID, "runAsNonRoot": True},
+            "securityContext": dict(WORKER_SECURITY["pod"]),
+            # Nothing in the pod calls the Kubernetes API: no service-account token to steal.
+            "automountServiceAccountToken": False,
             "initContainers": [prepare],
             "containers": [container],
             "volumes": [
@@ -284,7 +318,7 @@ def pytorchjob_manifest(
             },
         },
     }
-    name = run_name(job.model, body)
+    name = run_name(job.training.model.model, body)
     return json.loads(json.dumps(body).replace(RUN, name))
 
 
@@ -345,6 +379,9 @@ class TrainingJobArgs:
     """The monitoring stack that installs the PodMonitor CRD; None: no PodMonitor."""
     shared: SharedClaim | None = None
     """The claim every worker mounts for checkpoints and the exported model; None: node-local NVMe."""
+    ready: Sequence[pulumi.Resource] = ()
+    """What the job's namespace (and so everything in it: etcd, the Secret, the job) waits for:
+    the system nodes etcd runs on and cluster DNS (the cluster's ``ready``)."""
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -355,7 +392,8 @@ class TrainingJob(pulumi.ComponentResource):
         ns = args.job.namespace
         in_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider)
         self.namespace = k8s.core.v1.Namespace(
-            f"{name}-namespace", metadata={"name": ns, "labels": dict(LABELS)}, opts=in_cluster
+            f"{name}-namespace", metadata={"name": ns, "labels": dict(LABELS)},
+            opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(depends_on=list(args.ready))),
         )
         in_namespace = pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(depends_on=[self.namespace]))
         self.hf_secret = self._hf_secret(name, ns, args.hf_token, in_namespace)
@@ -365,7 +403,7 @@ class TrainingJob(pulumi.ComponentResource):
                 f"{name}-etcd",
                 rendezvous.RendezvousArgs(
                     namespace=ns, provider=args.provider, node_selector=args.system_node_selector,
-                    depends_on=[self.namespace],
+                    client_labels=LABELS, depends_on=[self.namespace],
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )

@@ -285,12 +285,12 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
                   "global_tokens": tokens_gpu_step * env.world_size},
         "gpus": env.world_size, "nodes": env.num_nodes,
         "gpu_name": device_name(device),
-        "precision": {"params_compute": dtype_name(compute_dtype(cfg.model.dtype, device)),
+        "precision": {"params_compute": dtype_name(compute_dtype(cfg.model.precision, device)),
                       "master_params": "float32", "reductions": "float32",
                       "optimizer_states": "float32"},
         "activation_checkpointing": cfg.parallel.activation_checkpointing,
         "compile": cfg.parallel.compile,
-        "fp8": cfg.model.fp8,
+        "fp8": cfg.model.precision == "fp8",
         "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get(
             "PYTORCH_ALLOC_CONF"),
         "strategy": (cfg.parallel.sharding if "fully_shard" in wrapped

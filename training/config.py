@@ -15,6 +15,7 @@ import functools
 import inspect
 import textwrap
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -24,7 +25,7 @@ SHIPPED_DATASET = str(Path(__file__).resolve().parent / "data" / "instructions.j
 
 Sharding = Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"]
 ActivationCheckpointing = Literal["none", "full", "selective"]
-ComputeDtype = Literal["auto", "bf16", "fp32"]
+Precision = Literal["auto", "fp32", "bf16", "fp8"]
 ExportDtype = Literal["bf16", "fp32"]
 SdpaBackend = Literal["auto", "cudnn", "flash", "efficient"]
 LossImpl = Literal["fused", "plain"]
@@ -35,13 +36,32 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _check(ok: bool, name: str, problem: str) -> None:
-    if not ok:
-        raise ValueError(f"{flag(name)}: {problem}")
+Problem = tuple[str, str]
+"""A user mistake: (config field name, what is wrong and what to use)."""
+
+
+def _failing(*checks: tuple[bool, str, str]) -> list[Problem]:
+    """The (name, problem) of every check whose condition is false."""
+    return [(name, problem) for ok, name, problem in checks if not ok]
+
+
+class ConfigError(ValueError):
+    """Every problem of a job config, each naming the flag to change."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("; ".join(f"{flag(name)}: {problem}" for name, problem in problems))
+
+
+class _Section:
+    """A config section: ``problems()`` lists its user mistakes; ``JobConfig`` raises them all."""
+
+    def problems(self) -> list[Problem]:
+        return []
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelConfig:
+class ModelConfig(_Section):
     """Model: which weights to fine-tune and in which precision."""
 
     model: str = TINY_MODEL
@@ -53,29 +73,29 @@ class ModelConfig:
     """Download cache for Hugging Face models and datasets, ideally node-local NVMe; one process
     per node downloads while the others wait. Unset: $HF_HOME or ~/.cache/huggingface."""
 
-    dtype: ComputeDtype = "auto"
-    """Parameter dtype in forward and backward. auto = bf16 on CUDA, fp32 on CPU (gloo tests).
-    Master weights, gradient reductions and optimizer states are always fp32."""
+    precision: Precision = "auto"
+    """Compute precision: auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, or fp8 (bf16 plus
+    torchao float8 matmuls in the decoder blocks' linears, tensorwise dynamic scaling; the output
+    head stays bf16; about a third more tokens/s on H100/H200; needs torchao and a GPU with float8
+    units: not the A100). Master weights, gradient reductions and optimizer states are always
+    fp32."""
 
     sdpa_backend: SdpaBackend = "auto"
     """First choice of attention kernel on CUDA (the others stay as fallbacks): auto (torch's
     order: flash attention 2 first), cudnn (cuDNN's fused attention), flash, efficient."""
 
-    fp8: bool = False
-    """torchao float8 linears (dynamic tensorwise scaling) in the decoder blocks; the output head
-    stays bf16. Master weights, reductions and optimizer states stay fp32. Needs torchao and an
-    H100/H200-class GPU."""
-
     loss: LossImpl = "fused"
     """Output head + cross-entropy: fused (chunked, never materialises the full fp32 logits;
     training/loss.py) or plain (Hugging Face head, full logits, F.cross_entropy)."""
 
-    def __post_init__(self) -> None:
-        _check(bool(self.model.strip()), "model", "must name a model")
+    def problems(self) -> list[Problem]:
+        return _failing(
+            (bool(self.model.strip()), "model", "must name a model"),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
-class DataConfig:
+class DataConfig(_Section):
     """Data: dataset, prompt template, packing."""
 
     dataset: str = SHIPPED_DATASET
@@ -93,13 +113,15 @@ class DataConfig:
     """Compute the loss on responses only (prompt tokens get no loss); --no-mask-prompt trains
     on every token."""
 
-    def __post_init__(self) -> None:
-        _check(bool(self.dataset.strip()), "dataset", "must name a dataset or a file")
-        _check(self.seq_len >= 8, "seq_len", f"must be at least 8, got {self.seq_len}")
+    def problems(self) -> list[Problem]:
+        return _failing(
+            (bool(self.dataset.strip()), "dataset", "must name a dataset or a file"),
+            (self.seq_len >= 8, "seq_len", f"must be at least 8, got {self.seq_len}"),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainConfig:
+class TrainConfig(_Section):
     """Training: length and batch."""
 
     epochs: int = 1
@@ -121,28 +143,30 @@ class TrainConfig:
     log_every: int = 1
     """Log a line with loss and tokens/s every this many steps (rank 0)."""
 
-    def __post_init__(self) -> None:
-        _check(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
-        _check(self.max_steps is None or self.max_steps >= 1, "max_steps",
-               f"must be >= 1 when set, got {self.max_steps}")
-        _check(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
-        _check(self.grad_accum >= 1, "grad_accum", f"must be >= 1, got {self.grad_accum}")
-        _check(self.seed >= 0, "seed", f"must be >= 0, got {self.seed}")
-        _check(self.log_every >= 1, "log_every", f"must be >= 1, got {self.log_every}")
+    def problems(self) -> list[Problem]:
+        return _failing(
+            (self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}"),
+            (self.max_steps is None or self.max_steps >= 1, "max_steps",
+             f"must be >= 1 when set, got {self.max_steps}"),
+            (self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}"),
+            (self.grad_accum >= 1, "grad_accum", f"must be >= 1, got {self.grad_accum}"),
+            (self.seed >= 0, "seed", f"must be >= 0, got {self.seed}"),
+            (self.log_every >= 1, "log_every", f"must be >= 1, got {self.log_every}"),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
-class OptimConfig:
+class OptimConfig(_Section):
     """Optimizer: AdamW and the learning-rate schedule (linear warm-up, then cosine)."""
 
-    lr: float = 2e-5
+    learning_rate: float = 2e-5
     """Peak learning rate, reached at the end of the warm-up."""
 
     warmup_steps: int = 10
-    """Optimizer steps of linear warm-up from 0 to --lr."""
+    """Optimizer steps of linear warm-up from 0 to --learning-rate."""
 
     min_lr_ratio: float = 0.1
-    """The cosine decays to --lr x this ratio at the last step."""
+    """The cosine decays to --learning-rate x this ratio at the last step."""
 
     weight_decay: float = 0.0
     """AdamW decoupled weight decay, applied to matrices only (not norms or biases)."""
@@ -150,17 +174,20 @@ class OptimConfig:
     max_grad_norm: float = 1.0
     """Clip the global gradient L2 norm to this value; 0 turns clipping off."""
 
-    def __post_init__(self) -> None:
-        _check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
-        _check(self.warmup_steps >= 0, "warmup_steps", f"must be >= 0, got {self.warmup_steps}")
-        _check(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio",
-               f"must be in [0, 1], got {self.min_lr_ratio}")
-        _check(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
-        _check(self.max_grad_norm >= 0, "max_grad_norm", f"must be >= 0, got {self.max_grad_norm}")
+    def problems(self) -> list[Problem]:
+        return _failing(
+            (0 < self.learning_rate < 1, "learning_rate",
+             f"must be in (0, 1) (AdamW fine-tuning takes 1e-6..1e-3), got {self.learning_rate}"),
+            (self.warmup_steps >= 0, "warmup_steps", f"must be >= 0, got {self.warmup_steps}"),
+            (0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio",
+             f"must be in [0, 1], got {self.min_lr_ratio}"),
+            (self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}"),
+            (self.max_grad_norm >= 0, "max_grad_norm", f"must be >= 0, got {self.max_grad_norm}"),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
-class ParallelConfig:
+class ParallelConfig(_Section):
     """Parallelism and memory: FSDP2 strategy, activation checkpointing, compile."""
 
     sharding: Sharding = "FULL_SHARD"
@@ -180,15 +207,17 @@ class ParallelConfig:
     compile: bool = False
     """torch.compile each decoder layer (needs a C++ compiler on CPU; worth it on GPU)."""
 
-    def __post_init__(self) -> None:
-        _check(self.hsdp_shard_size >= 0, "hsdp_shard_size",
-               f"must be >= 0, got {self.hsdp_shard_size}")
-        _check(self.hsdp_shard_size == 0 or self.sharding == "HYBRID_SHARD", "hsdp_shard_size",
-               f"only applies with --sharding HYBRID_SHARD (got --sharding {self.sharding})")
+    def problems(self) -> list[Problem]:
+        return _failing(
+            (self.hsdp_shard_size >= 0, "hsdp_shard_size",
+             f"must be >= 0, got {self.hsdp_shard_size}"),
+            (self.hsdp_shard_size == 0 or self.sharding == "HYBRID_SHARD", "hsdp_shard_size",
+             f"only applies with --sharding HYBRID_SHARD (got --sharding {self.sharding})"),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
-class CheckpointConfig:
+class CheckpointConfig(_Section):
     """Checkpoints: resume, and the final Hugging Face export."""
 
     checkpoint_dir: str | None = None
@@ -208,15 +237,17 @@ class CheckpointConfig:
     export_dtype: ExportDtype = "bf16"
     """dtype of the exported weights."""
 
-    def __post_init__(self) -> None:
-        _check(self.checkpoint_every >= 0, "checkpoint_every",
-               f"must be >= 0, got {self.checkpoint_every}")
-        _check(self.keep_checkpoints >= 1, "keep_checkpoints",
-               f"must be >= 1, got {self.keep_checkpoints}")
+    def problems(self) -> list[Problem]:
+        return _failing(
+            (self.checkpoint_every >= 0, "checkpoint_every",
+             f"must be >= 0, got {self.checkpoint_every}"),
+            (self.keep_checkpoints >= 1, "keep_checkpoints",
+             f"must be >= 1, got {self.keep_checkpoints}"),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
-class MetricsConfig:
+class MetricsConfig(_Section):
     """Metrics: JSON lines and Prometheus."""
 
     metrics_port: int = 0
@@ -227,9 +258,11 @@ class MetricsConfig:
     """Append one JSON object per optimizer step (and a summary at the end) to this file
     (rank 0)."""
 
-    def __post_init__(self) -> None:
-        _check(0 <= self.metrics_port <= 65535, "metrics_port",
-               f"must be a TCP port or 0, got {self.metrics_port}")
+    def problems(self) -> list[Problem]:
+        return _failing(
+            (0 <= self.metrics_port <= 65535, "metrics_port",
+             f"must be a TCP port or 0, got {self.metrics_port}"),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -243,6 +276,11 @@ class JobConfig:
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
+
+    def __post_init__(self) -> None:
+        problems = [p for name in SECTIONS for p in getattr(self, name).problems()]
+        if problems:
+            raise ConfigError(problems)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -305,14 +343,60 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@functools.cache
+def fields() -> dict[str, dataclasses.Field]:
+    """Every config field by name, across the sections (names are unique: each is a flag)."""
+    return {f.name: f for section in SECTIONS.values() for f in dataclasses.fields(section)}
+
+
+@functools.cache
+def field_types() -> dict[str, object]:
+    """Every config field's type hint by name."""
+    return {name: hint for section in SECTIONS.values()
+            for name, hint in typing.get_type_hints(section).items()}
+
+
+def from_fields(values: Mapping[str, object]) -> JobConfig:
+    """The job config from field values by name (the rest take their defaults).
+
+    Raises ``ConfigError`` listing every problem, each naming its field: the one validation,
+    used by the command line and by the stack at preview.
+    """
+    unknown = sorted(set(values) - set(fields()))
+    assert not unknown, f"not config fields: {unknown}"
+    return JobConfig(**{
+        name: section(**{f.name: values[f.name] for f in dataclasses.fields(section)
+                         if f.name in values})
+        for name, section in SECTIONS.items()})
+
+
+def flat(cfg: JobConfig) -> dict[str, object]:
+    """Every field of ``cfg`` by name: the inverse of ``from_fields``."""
+    return {f.name: getattr(getattr(cfg, name), f.name)
+            for name, section in SECTIONS.items() for f in dataclasses.fields(section)}
+
+
+def to_argv(cfg: JobConfig) -> list[str]:
+    """The flags that make ``parse_args`` return ``cfg``: every field that differs from its default.
+
+    Defaults are left to the package: the stack renders this command and the image holds the
+    package of the same commit, so both read the same defaults.
+    """
+    argv: list[str] = []
+    for name, value in flat(cfg).items():
+        if value == fields()[name].default:
+            continue
+        if isinstance(value, bool):
+            argv.append(flag(name) if value else "--no-" + flag(name)[2:])
+        elif value is not None:
+            argv += [flag(name), repr(value) if isinstance(value, float) else str(value)]
+    return argv
+
+
 def config_from_namespace(ns: argparse.Namespace) -> JobConfig:
-    """Build the job config; raises ValueError naming the flag on a bad value."""
+    """Build the job config; raises ConfigError naming each flag with a bad value."""
     values = vars(ns)
-    sections = {}
-    for name, section in SECTIONS.items():
-        sections[name] = section(
-            **{f.name: values[f.name] for f in dataclasses.fields(section)})
-    return JobConfig(**sections)
+    return from_fields({name: values[name] for name in fields()})
 
 
 def parse_args(argv: list[str] | None = None) -> JobConfig:

@@ -19,7 +19,7 @@ set -x
 "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node=2 -m training.finetune \
   --model tiny --cache-dir "$OUT/cache" \
   --seq-len 128 --batch-size 4 --grad-accum 2 --epochs 2 --max-steps 60 \
-  --lr 3e-3 --warmup-steps 3 --sharding FULL_SHARD --activation-checkpointing selective \
+  --learning-rate 3e-3 --warmup-steps 3 --sharding FULL_SHARD --activation-checkpointing selective \
   --checkpoint-dir "$OUT/checkpoints" --checkpoint-every 20 --keep-checkpoints 2 \
   --output-dir "$OUT/model" --export-dtype bf16 --metrics-file "$OUT/metrics.jsonl" \
   --log-every 5

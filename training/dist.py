@@ -5,8 +5,11 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import resource
 import socket
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -50,6 +53,50 @@ class DistEnv:
     def node_leader(self) -> int:
         """Global rank of local rank 0 on this node (torchrun numbers ranks node by node)."""
         return self.rank - self.local_rank
+
+
+EFA_DEVICES = Path("/dev/infiniband")
+"""Where the EFA device plugin puts the ``uverbs`` devices of the EFA interfaces a pod requested
+(``vpc.amazonaws.com/efa``): their presence means libfabric will use EFA."""
+RLIM_INFINITY = resource.RLIM_INFINITY
+
+
+def _unit(limit: int) -> str:
+    return "unlimited" if limit == RLIM_INFINITY else f"{limit // 1024} KiB"
+
+
+def locked_memory_problem(soft_limit: int, efa: bool, mem_total_bytes: int) -> str | None:
+    """Why EFA cannot run with this locked-memory limit, or None.
+
+    libfabric's EFA provider registers (pins) its buffers: with a small RLIMIT_MEMLOCK it fails
+    with "Libfabric error: (-12) Cannot allocate memory" (awslabs/awsome-distributed-training#647),
+    and a non-root worker cannot raise the limit itself. Enough: unlimited, or at least the
+    node's memory (the GPU nodes set 1 EB, components/gpu_nodes.py: nothing can lock more).
+    """
+    if not efa or soft_limit == RLIM_INFINITY or soft_limit >= mem_total_bytes:
+        return None
+    return (f"EFA devices are attached but the locked-memory limit (ulimit -l) is {_unit(soft_limit)}: "
+            "libfabric's EFA provider cannot register its buffers and NCCL would fail with "
+            "'Cannot allocate memory'. Set RLIMIT_MEMLOCK to unlimited for the containers on the "
+            "GPU nodes: containerd's base runtime spec (NodeConfig spec.containerd.baseRuntimeSpec."
+            "process.rlimits, components/gpu_nodes.py), or run without EFA (job.efaPerNode: 0).")
+
+
+def _mem_total_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def check_locked_memory(devices: Path = EFA_DEVICES) -> str | None:
+    """Log ``ulimit -l`` (one line per node) and return the problem EFA would hit, if any."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    efa = devices.is_dir() and any(devices.glob("uverbs*"))
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"[{socket.gethostname()}] ulimit -l: {_unit(soft)}; EFA devices: {'yes' if efa else 'no'}",
+              file=sys.stderr, flush=True)
+    return locked_memory_problem(soft, efa, _mem_total_bytes())
 
 
 def free_port() -> int:

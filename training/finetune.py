@@ -28,7 +28,7 @@ from training import hub
 from training.checkpoint import Checkpointer, TrainerState
 from training.config import JobConfig, OptimConfig, parse_args
 from training.dataset import IGNORE_INDEX, PackedData, StepSampler, load_records, pack
-from training.dist import DistEnv, all_sum, init_distributed
+from training.dist import DistEnv, all_sum, check_locked_memory, init_distributed
 from training.errors import OOM_ADVICE, UserError
 from training.export import export_hf
 from training.loss import install_loss_forward
@@ -94,7 +94,8 @@ def _parallelize(cfg: JobConfig, model: nn.Module, env: DistEnv,
     install_loss_forward(model, fused=cfg.model.loss == "fused")
     mesh = build_mesh(cfg.parallel, env)
     wrapped = parallelize(model, cfg.parallel, mesh,
-                          compute_dtype(cfg.model.dtype, env.device), fp8=cfg.model.fp8,
+                          compute_dtype(cfg.model.precision, env.device),
+                          fp8=cfg.model.precision == "fp8",
                           fsdp_at_world_1=fsdp_at_world_1)
     allocate(model, env.device)
     return mesh, wrapped
@@ -121,7 +122,7 @@ def _build_optimizer(model: nn.Module, cfg: OptimConfig,
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
+    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(0.9, 0.95), eps=1e-8,
                                   fused=device.type == "cuda")
     post_step = float8_post_step(model)
     if post_step is not None:
@@ -211,12 +212,12 @@ def _describe(cfg: JobConfig, env: DistEnv, model: nn.Module) -> dict:
         "run/device": device_name(env.device),
         "run/tokens_per_gpu_batch": cfg.train.batch_size * cfg.data.seq_len,
         "run/tokens_per_global_batch": global_seqs * cfg.data.seq_len,
-        "run/param_dtype": dtype_name(compute_dtype(cfg.model.dtype, env.device)),
+        "run/param_dtype": dtype_name(compute_dtype(cfg.model.precision, env.device)),
         "run/reduce_dtype": "float32", "run/optimizer_state_dtype": "float32",
         "run/sharding": cfg.parallel.sharding,
         "run/activation_checkpointing": cfg.parallel.activation_checkpointing,
         "run/compile": cfg.parallel.compile, "run/sdpa_backend": cfg.model.sdpa_backend,
-        "run/loss": cfg.model.loss, "run/fp8": cfg.model.fp8, "run/flops_per_token": flops_token,
+        "run/loss": cfg.model.loss, "run/precision": cfg.model.precision, "run/flops_per_token": flops_token,
         "run/torch": torch.__version__, "run/transformers": transformers.__version__,
     }
 
@@ -354,6 +355,12 @@ def set_runtime_defaults(cfg: JobConfig) -> None:
 @record
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
+    # First, before any download or collective: EFA with too little locked memory fails only
+    # deep inside NCCL's first all-reduce.
+    memlock = check_locked_memory()
+    if memlock is not None:
+        print(f"error: {memlock}", file=sys.stderr)
+        return 1
     set_runtime_defaults(cfg)
     env = init_distributed()
     _setup_logging(env)

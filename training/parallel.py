@@ -45,11 +45,12 @@ from training.model import decoder_layers
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def compute_dtype(setting: str, device: torch.device) -> torch.dtype:
-    """--dtype auto: bf16 on CUDA, fp32 on CPU (gloo tests run in fp32)."""
-    if setting == "auto":
+def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The parameters' dtype in forward and backward: --precision auto is bf16 on CUDA and fp32
+    on CPU (gloo tests run in fp32); fp8 computes in bf16 outside its float8 matmuls."""
+    if precision == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return DTYPES[setting]
+    return DTYPES.get(precision, torch.bfloat16)
 
 
 def build_mesh(cfg: ParallelConfig, env: DistEnv) -> DeviceMesh:
@@ -82,7 +83,7 @@ def apply_float8(model: nn.Module, fsdp_all_gather: bool = False) -> int:
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
-        raise UserError("--fp8 needs torchao (pip install torchao)") from None
+        raise UserError("--precision fp8 needs torchao (pip install torchao)") from None
     config = Float8LinearConfig.from_recipe_name("tensorwise")
     if fsdp_all_gather:
         config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
@@ -92,7 +93,7 @@ def apply_float8(model: nn.Module, fsdp_all_gather: bool = False) -> int:
         convert_to_float8_training(layer, config=config)
         converted += sum(type(m).__name__ == "Float8Linear" for m in layer.modules())
     if converted == 0:
-        raise UserError("--fp8: torchao converted no nn.Linear of this model's decoder layers")
+        raise UserError("--precision fp8: torchao converted no nn.Linear of this model's decoder layers")
     return converted
 
 

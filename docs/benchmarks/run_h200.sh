@@ -122,7 +122,7 @@ phase3() {
     --compile --sharding SHARD_GRAD_OP
   # float8 linears (torchao), same seed and data: compare the losses with the run above
   EXTRA_ENV="PYTHONPATH=/tmp/site" bench 7b-b3-none-compile-sgo-fp8 170 2 $SEVEN --batch-size 3 \
-    --activation-checkpointing none --compile --sharding SHARD_GRAD_OP --fp8
+    --activation-checkpointing none --compile --sharding SHARD_GRAD_OP --precision fp8
   # time to first step from a local safetensors directory (the real loading path), page cache
   # dropped first, with a cold and then a warm compile cache under --cache-dir
   PYTHONPATH=. timeout 150 $PY docs/benchmarks/make_model_dir.py llama2-7b /tmp/llama2-7b-random \
@@ -142,7 +142,7 @@ phase3() {
   EXTRA_ENV="NCCL_MAX_CTAS=8" bench 7b-b3-none-compile-sgo-ctas8 120 2 $SEVEN --batch-size 3 \
     --activation-checkpointing none --compile --sharding SHARD_GRAD_OP
   EXTRA_ENV="PYTHONPATH=/tmp/site" bench 7b-b3-none-compile-fp8 150 2 $SEVEN --batch-size 3 \
-    --activation-checkpointing none --compile --fp8
+    --activation-checkpointing none --compile --precision fp8
 }
 
 phase4() {  # phase 3's time-to-first-step part alone (it failed there: PYTHONPATH, now fixed)

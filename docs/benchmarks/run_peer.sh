@@ -52,7 +52,7 @@ phasepeer() {
     $PY -c 'import torch, transformers; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), transformers.__version__)'; } 2>&1 | tee -a "$LOG"
   ours ours-16l-none 110 $SHAPE --layers 16 --activation-checkpointing none --compile
   titan titan-16l-none 110 --layers 16 --ac none
-  ours ours-16l-fp8 110 $SHAPE --layers 16 --activation-checkpointing none --compile --fp8 --profile-steps 1
+  ours ours-16l-fp8 110 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8 --profile-steps 1
   titan titan-16l-fp8 110 --layers 16 --ac none --float8
   ours ours-7b-full 120 $SHAPE --activation-checkpointing full --compile
   titan titan-7b-full 120 --layers 32 --ac full
@@ -64,10 +64,10 @@ phaseconv() {  # float8 convergence on the Brown corpus (fp8_convergence.py), th
   local conv=/tmp/conv; mkdir -p $conv
   $PY benchmarks/fp8_convergence.py make $conv/model >>"$LOG" 2>&1
   local common="--model $conv/model --dataset $HERE/data/brown.jsonl --seq-len 1024 --batch-size 8 \
-    --max-steps 300 --lr 3e-4 --warmup-steps 20 --activation-checkpointing none --compile \
+    --max-steps 300 --learning-rate 3e-4 --warmup-steps 20 --activation-checkpointing none --compile \
     --log-every 50 --seed 42"
   for run in bf16 fp8 bf16_again; do
-    local flags=""; [ $run = fp8 ] && flags="--fp8"
+    local flags=""; [ $run = fp8 ] && flags="--precision fp8"
     # shellcheck disable=SC2086
     run_limited conv-$run 120 $PY -m torch.distributed.run --standalone --nproc-per-node 1 \
       -m training.finetune $common $flags --metrics-file "$WORK/json/conv-$run.jsonl"
@@ -79,7 +79,7 @@ phaseconv() {  # float8 convergence on the Brown corpus (fp8_convergence.py), th
   ours ckpt-7b-8l-fsdp 200 --shape llama2-7b --layers 8 --seq-len 4096 --batch-size 3 --bench-steps 5 \
     --bench-warmup 2 --activation-checkpointing none --compile --fsdp-at-world-1 --checkpoint-cost /tmp/ckpt
   grep -h "checkpoint cost" "$LOG" | tail -4
-  ours ours-16l-fp8 110 $SHAPE --layers 16 --activation-checkpointing none --compile --fp8
+  ours ours-16l-fp8 110 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8
   titan titan-16l-fp8 110 --layers 16 --ac none --float8
 }
 
@@ -92,7 +92,7 @@ phaseagain() {  # the bf16 pairs again (a second same-call sample), the pinned a
   ours ckpt-7b-4l-fsdp 130 --shape llama2-7b --layers 4 --seq-len 4096 --batch-size 3 --bench-steps 5 \
     --bench-warmup 2 --activation-checkpointing none --compile --fsdp-at-world-1 --checkpoint-cost /tmp/ckpt
   grep -h "checkpoint cost" "$LOG" | tail -4
-  ours ours-16l-fp8 110 $SHAPE --layers 16 --activation-checkpointing none --compile --fp8
+  ours ours-16l-fp8 110 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8
   titan titan-16l-fp8 110 --layers 16 --ac none --float8
 }
 

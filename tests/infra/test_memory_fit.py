@@ -154,7 +154,7 @@ def test_elastic_jobs_are_checked_at_their_lower_bound():
 def test_tiny_is_not_checked():
     """The training package's offline 2-layer model needs no table row."""
     assert memory_fit.model_shape("tiny", None) is None
-    assert parse(raw("p5", model="tiny")).job.model == "tiny"
+    assert parse(raw("p5", model="tiny")).job.training.model.model == "tiny"
 
 
 def test_the_budget_is_90_percent_of_the_gpu():

@@ -16,7 +16,12 @@ import yaml
 
 from components.dashboards import gpu_training
 from components.observability import TRAINING_METRICS, dcgm_exported_metrics
-from tests.observability_promql import known_metrics, metric_names, promtool, substitute_grafana_variables
+from tests.observability_promql import (
+    known_metrics,
+    metric_names,
+    promtool,
+    substitute_grafana_variables,
+)
 
 BLOG_METRICS = {
     "DCGM_FI_DEV_GPU_UTIL",

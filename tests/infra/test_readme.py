@@ -3,10 +3,10 @@ file may hold is documented, so a user never has to read the code to configure a
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
-from components.settings import SCALAR_KEYS, SECRET_KEYS, SECTIONS, _camel
+from components.settings import SCALAR_KEYS, SECRET_KEYS, SECTIONS
+from components.settings_parser import section_keys
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
@@ -21,10 +21,10 @@ def documented(section: str, key: str) -> bool:
 
 def test_every_settings_key_is_in_the_configuration_reference():
     missing = [
-        f"{section}.{_camel(f.name)}"
+        f"{section}.{key}"
         for section, cls in SECTIONS.items()
-        for f in dataclasses.fields(cls)
-        if not documented(section, _camel(f.name))
+        for key in section_keys(cls)
+        if not documented(section, key)
     ]
     missing += [key for key in (*SCALAR_KEYS, *SECRET_KEYS) if f"| `{key}` |" not in README]
     assert not missing, f"README configuration reference lacks {missing}"

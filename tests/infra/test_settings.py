@@ -178,17 +178,75 @@ def test_existing_cluster_skips_network_and_node_rules():
     assert not settings.creates_cluster
 
 
-def test_project_declares_the_secrets_and_the_pip_virtualenv_runtime():
-    """Checked against Pulumi's project schema: secret keys are declared `secret: true`, so the
-    CLI refuses a plain-text value; `pulumi up` installs requirements.txt into .venv."""
+def test_project_runs_the_pip_virtualenv_runtime():
+    """`pulumi up` installs requirements.txt into .venv."""
     from pathlib import Path
 
     import yaml
 
-    from components.settings import SECRET_KEYS
-
     project = yaml.safe_load((Path(__file__).resolve().parents[2] / "Pulumi.yaml").read_text())
     assert project["name"] == "fsdp-eks"
     assert project["runtime"] == {"name": "python", "options": {"toolchain": "pip", "virtualenv": ".venv"}}
-    for key in SECRET_KEYS:
-        assert project["config"][key]["secret"] is True, key
+
+
+def test_project_requires_only_what_every_stack_needs():
+    """Checked against Pulumi's project config semantics (pulumi/pulumi
+    ValidateStackConfigAndApplyProjectConfig: a key declared in Pulumi.yaml without a default is
+    "missing configuration value" on any stack that lacks it) and the settings rules: a key may
+    be declared without a default only if the rules refuse every stack without it. The secrets
+    are needed only by a gated model (hfToken) and observability (grafanaAdminPassword)."""
+    from pathlib import Path
+
+    import yaml
+
+    project = yaml.safe_load((Path(__file__).resolve().parents[2] / "Pulumi.yaml").read_text())
+    required = {k for k, v in (project.get("config") or {}).items() if "default" not in v}
+    # A stack that needs neither secret: an open model, no observability.
+    config = raw("p5")
+    config["job"].update(model="NousResearch/Llama-2-7b-hf", modelParameters=6.74,  # an ungated copy
+                         activationCheckpointing="full")
+    config["observability"] = {"enabled": False}
+    parse(config, Secrets())  # valid without either secret
+    for key in required:
+        without = {k: v for k, v in config.items() if k != key}
+        assert key in errors(without, Secrets()), f"Pulumi.yaml requires {key} on every stack; the rules do not"
+
+
+# ----------------------------------------------------------------------------- the training keys
+@pytest.mark.parametrize("key, value, fix", [
+    ("seqLen", 4, "must be at least 8"),
+    ("warmupSteps", -1, "must be >= 0"),
+    ("maxSteps", 0, "must be >= 1 when set"),
+    ("learningRate", 1.5, "must be in (0, 1)"),
+    ("keepCheckpoints", 0, "must be >= 1"),
+    ("hsdpShardSize", 4, "only applies with job.sharding HYBRID_SHARD"),
+])
+def test_training_keys_are_refused_by_the_packages_own_rules(key, value, fix):
+    """Checked against training/config.py's rules, the ones the pod applies: what the pod would
+    refuse fails at preview, under the stack key, with the package's reason in stack terms."""
+    config = raw("p5")
+    config["job"][key] = value
+    assert f"job.{key} = {value!r}: {fix}" in errors(config)
+
+
+def test_what_the_package_accepts_the_stack_accepts():
+    """`checkpointEvery: 0` (only at the end) is valid for the package, so for the stack too."""
+    config = raw("p5")
+    config["job"].update(checkpointEvery=0, maxGradNorm=0.0, weightDecay=0.1)
+    job = parse(config).job.training
+    assert (job.checkpoint.checkpoint_every, job.optim.max_grad_norm, job.optim.weight_decay) == (0, 0.0, 0.1)
+
+
+@pytest.mark.parametrize("key", ["checkpointDir", "outputDir", "cacheDir", "metricsPort", "metricsFile"])
+def test_paths_and_ports_of_the_pod_are_not_stack_keys(key):
+    """The pod's volumes and ports decide these: a value from the stack file would be ignored."""
+    config = raw("p5")
+    config["job"][key] = "/somewhere"
+    assert f"job.{key} = '/somewhere': set by the stack" in errors(config)
+
+
+def test_a_training_key_of_the_wrong_type_is_named_once():
+    config = raw("p5")
+    config["job"]["seqLen"] = "long"
+    message = errors(config)
+    assert "job.seqLen = 'long': must be a int" in message and message.count("job.seqLen") == 1

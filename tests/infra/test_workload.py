@@ -24,10 +24,24 @@ from components.cluster import SYSTEM_NODE_LABEL
 from components.hardware import PROFILES
 from components.offline import is_secret_value
 from components.settings import JobSettings
+from components.settings_parser import snake
 from components.training_job import pytorchjob_manifest
 from tests.conftest import recording_of
-from tests.harness import (DUMMY_SECRETS, GPU_TAINT, PYTORCHJOB, Recording, container, job_of, parse_flags, plain,
-                           run_program, stack_config, tolerates, worker)
+from tests.harness import (
+    DUMMY_SECRETS,
+    GPU_TAINT,
+    PYTORCHJOB,
+    Recording,
+    container,
+    job_of,
+    plain,
+    run_program,
+    stack_config,
+    tolerates,
+    worker,
+)
+from training import config as training_config
+from training.config import build_parser, config_from_namespace
 
 CRD_FILE = Path(__file__).resolve().parents[1] / "fixtures" / "kubeflow" / (
     f"kubeflow-training-operator-{versions.TRAINING_OPERATOR_REF}-pytorchjobs-crd.yaml"
@@ -168,12 +182,12 @@ def test_command_is_torchrun_module_without_flags_the_operator_sets(recording: R
     head = command[: command.index("training.finetune") + 1]
     assert head == ["torchrun", "-m", "training.finetune"], head
     assert not [a for a in command if a.startswith(TORCHRUN_FLAGS_FROM_ENV)]
-    flags = parse_flags(command[3:])
-    cfg = job_config(stack)
-    assert flags["--model"] == cfg["model"]
-    assert flags["--sharding"] == cfg["sharding"] and flags["--seq-len"] == str(cfg["seqLen"])
-    assert flags["--metrics-port"] == "9402"
-    assert "--dataset" not in flags, "the stack files leave job.dataset empty"
+    parsed = training_config.flat(config_from_namespace(build_parser().parse_args(command[3:])))
+    training_keys = {k: v for k, v in job_config(stack).items() if snake(k) in parsed}
+    assert {"model", "seqLen", "sharding", "batchSize"} <= training_keys.keys()
+    for key, value in training_keys.items():
+        assert parsed[snake(key)] == value, f"job.{key} in Pulumi.{stack}.yaml is not what the pod runs"
+    assert parsed["metrics_port"] == 9402
 
 
 def test_elastic_policy_names_the_run_and_the_etcd_service(recording: Recording, stack: str):
@@ -255,11 +269,16 @@ def test_etcd_is_pinned_3_5_with_the_v2_api_on_the_system_nodes(recording: Recor
     assert etcd["resources"]["requests"]["cpu"] and etcd["resources"]["requests"]["memory"]
 
 
-def test_operator_is_the_v1_9_4_standalone_overlay_applied_server_side(recording: Recording):
-    """Checked against DESIGN.md: pinned tag, never master, server-side apply (CRD > 262 kB)."""
+def test_operator_is_the_vendored_v1_9_4_overlay_applied_server_side(recording: Recording):
+    """Checked against DESIGN.md: pinned tag, never master, server-side apply (CRD > 262 kB). The
+    directory is the repository's own (no git at deploy time), relative to the project root, and
+    builds on the vendored v1.9.4 standalone overlay (rendered in test_rendered)."""
     operator = recording.one(KUSTOMIZE)
     directory = operator.inputs["directory"]
-    assert directory == "https://github.com/kubeflow/trainer.git//manifests/overlays/standalone?ref=v1.9.4"
+    assert directory == "components/kustomize/training-operator-system-nodes"
+    root = Path(__file__).resolve().parents[2]
+    kustomization = yaml.safe_load((root / directory / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["../training-operator-v1.9.4/manifests/overlays/standalone"]
     provider = recording.one("pulumi:providers:kubernetes", operator.provider.split("::")[-2])
     assert provider.inputs["enableServerSideApply"] in (True, "true")
     assert recording.one(PYTORCHJOB).provider == operator.provider

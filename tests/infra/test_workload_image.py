@@ -17,7 +17,13 @@ import pytest
 
 from components import registry, versions
 from components.offline import is_secret_value
-from components.registry import content_hash, context_files, dockerignore_rules, image_tag, is_ignored
+from components.registry import (
+    content_hash,
+    context_files,
+    dockerignore_rules,
+    image_tag,
+    is_ignored,
+)
 from tests.harness import Recording, plain
 
 IMAGE = "docker-build:index:Image"

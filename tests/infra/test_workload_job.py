@@ -15,6 +15,8 @@ import pytest
 from components.hardware import PROFILES
 from components.settings import JobSettings
 from components.training_job import model_slug, pytorchjob_manifest, training_command
+from tests.harness import job_settings
+from training import config as training_config
 from training.config import build_parser, config_from_namespace
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp-eks-p5/training:0123456789abcdef@sha256:" + "a" * 64
@@ -46,7 +48,7 @@ def test_the_same_spec_renders_the_same_object():
 ])
 def test_any_change_of_the_job_is_a_new_run(change):
     """Checked against the default job: each changed setting gives a new name and rdzvId."""
-    before, after = render(), render(dataclasses.replace(JobSettings(), **change))
+    before, after = render(), render(job_settings(**change))
     assert name(after) != name(before)
     assert after["spec"]["elasticPolicy"]["rdzvId"] == name(after)
 
@@ -76,7 +78,7 @@ def test_the_run_name_is_used_everywhere_the_run_is_named():
 ])
 def test_names_are_dns_labels_with_room_for_the_pod_suffix(model, prefix):
     """Checked against the operator webhook (DNS-1035) and the 63-character pod/Service names."""
-    job = render(dataclasses.replace(JobSettings(), model=model))
+    job = render(job_settings(model=model))
     assert name(job).startswith(prefix), name(job)
     assert DNS_1035.fullmatch(name(job)) and len(f"{name(job)}-worker-99") <= 63
 
@@ -110,25 +112,37 @@ def test_efa_and_gpu_counts_follow_the_job_when_set():
     assert job["spec"]["nprocPerNode"] == "4"
 
 
-@pytest.mark.parametrize("job", [
-    JobSettings(),
-    JobSettings(dataset="data/train.jsonl", max_steps=5, compile=True, activation_checkpointing="selective",
-                sharding="HYBRID_SHARD", learning_rate=3e-4),
-])
-def test_the_training_package_parses_the_command(job):
-    """Checked against the training package's own argument parser: every flag is accepted and
-    lands on the intended setting."""
-    command = training_command(job)
+EVERY_TRAINING_FIELD_CHANGED = {
+    "model": "org/some-model", "cache_dir": "/elsewhere", "precision": "fp8", "sdpa_backend": "cudnn",
+    "loss": "plain", "dataset": "data/train.jsonl", "dataset_split": "validation",
+    "seq_len": 2048, "mask_prompt": False, "epochs": 3, "max_steps": 5, "batch_size": 2,
+    "grad_accum": 4, "seed": 7, "log_every": 5, "learning_rate": 3e-4, "warmup_steps": 0,
+    "min_lr_ratio": 0.05, "weight_decay": 0.1, "max_grad_norm": 0.5, "sharding": "HYBRID_SHARD",
+    "hsdp_shard_size": 4, "activation_checkpointing": "none", "compile": True,
+    "checkpoint_dir": "/elsewhere/ckpt", "checkpoint_every": 0, "keep_checkpoints": 5,
+    "output_dir": "/elsewhere/out", "export_dtype": "fp32", "metrics_port": 1234,
+    "metrics_file": "/elsewhere/m.jsonl",
+}
+"""A value other than the package's default for every field of training/config.py."""
+
+
+def test_the_changed_config_changes_every_field():
+    """The table above must keep up with the package: a new flag without a row here fails."""
+    defaults = training_config.flat(training_config.JobConfig())
+    assert EVERY_TRAINING_FIELD_CHANGED.keys() == defaults.keys()
+    assert all(EVERY_TRAINING_FIELD_CHANGED[k] != v for k, v in defaults.items())
+
+
+@pytest.mark.parametrize("changed", [{}, EVERY_TRAINING_FIELD_CHANGED], ids=["defaults", "every-field"])
+def test_the_training_package_parses_the_command(changed):
+    """Checked against the training package's own argument parser: the pod's command gives the
+    package exactly the job's training settings, none dropped, plus the paths and port the pod
+    provides (whatever the stack file said for those)."""
+    job = JobSettings(training=training_config.from_fields(changed))
+    command = training_command(job, data_dir="/fsx/runs/r")
     assert command[:3] == ["torchrun", "-m", "training.finetune"]
-    config = config_from_namespace(build_parser().parse_args(command[3:]))
-    assert config.model.model == job.model
-    assert config.train.epochs == job.epochs and config.train.max_steps == job.max_steps
-    assert config.train.batch_size == job.batch_size and config.data.seq_len == job.seq_len
-    assert config.optim.lr == job.learning_rate and config.optim.warmup_steps == job.warmup_steps
-    assert config.parallel.sharding == job.sharding
-    assert config.parallel.activation_checkpointing == job.activation_checkpointing
-    assert config.parallel.compile == job.compile
-    assert config.checkpoint.checkpoint_every == job.checkpoint_every
-    assert config.metrics.metrics_port == 9402
-    if job.dataset:
-        assert config.data.dataset == job.dataset
+    parsed = training_config.flat(config_from_namespace(build_parser().parse_args(command[3:])))
+    pod_owned = {"checkpoint_dir": "/fsx/runs/r/checkpoints", "output_dir": "/fsx/runs/r/output",
+                 "cache_dir": "/mnt/nvme/huggingface", "metrics_port": 9402,
+                 "metrics_file": "/fsx/runs/r/metrics.jsonl"}
+    assert parsed == {**training_config.flat(job.training), **pod_owned}

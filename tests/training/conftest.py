@@ -28,7 +28,7 @@ STEPS = 8
 
 SEED = 7
 TINY_FLAGS = [
-    "--model", "tiny", "--seq-len", "64", "--lr", "3e-3", "--warmup-steps", "2",
+    "--model", "tiny", "--seq-len", "64", "--learning-rate", "3e-3", "--warmup-steps", "2",
     "--no-mask-prompt", "--max-steps", str(STEPS), "--seed", str(SEED),
 ]
 """The tiny job every comparison uses; world x --batch-size x --grad-accum = 8 sequences."""

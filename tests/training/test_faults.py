@@ -11,8 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.training.conftest import (REPO, STEPS, TINY_FLAGS, Run, assert_losses_close,
-                                     child_env, steps_of, torchrun_cmd, train)
+from tests.training.conftest import (
+    REPO,
+    STEPS,
+    TINY_FLAGS,
+    Run,
+    assert_losses_close,
+    child_env,
+    steps_of,
+    torchrun_cmd,
+    train,
+)
 from training.checkpoint import COMPLETE_MARKER, complete_checkpoints
 
 pytestmark = pytest.mark.timeout(300)

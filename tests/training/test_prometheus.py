@@ -8,8 +8,14 @@ import urllib.request
 
 import pytest
 
-from tests.training.conftest import (REPO, TINY_FLAGS, Run, child_env, free_port,
-                                     torchrun_cmd)
+from tests.training.conftest import (
+    REPO,
+    TINY_FLAGS,
+    Run,
+    child_env,
+    free_port,
+    torchrun_cmd,
+)
 from training import prometheus
 
 pytestmark = pytest.mark.timeout(180)

@@ -8,8 +8,15 @@ import shutil
 import pytest
 import torch
 
-from tests.training.conftest import (SEED, STEPS, Run, assert_losses_close, free_port, torchrun_cmd,
-                                     train)
+from tests.training.conftest import (
+    SEED,
+    STEPS,
+    Run,
+    assert_losses_close,
+    free_port,
+    torchrun_cmd,
+    train,
+)
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -59,7 +59,7 @@ def test_contract_flags_exist():
     """Checked against the contract other engineers rely on (the PyTorchJob's command)."""
     help_text = C.build_parser().format_help()
     for f in ["--model", "--dataset", "--epochs", "--max-steps", "--batch-size", "--grad-accum",
-              "--seq-len", "--lr", "--warmup-steps", "--weight-decay", "--max-grad-norm",
+              "--seq-len", "--learning-rate", "--warmup-steps", "--weight-decay", "--max-grad-norm",
               "--sharding", "--activation-checkpointing", "--compile", "--no-compile",
               "--checkpoint-dir", "--checkpoint-every", "--keep-checkpoints", "--output-dir",
               "--cache-dir", "--seed", "--metrics-port", "--metrics-file"]:
@@ -68,7 +68,7 @@ def test_contract_flags_exist():
 
 
 @pytest.mark.parametrize("argv, flag", [
-    (["--lr", "0"], "--lr"), (["--seq-len", "4"], "--seq-len"),
+    (["--learning-rate", "0"], "--learning-rate"), (["--seq-len", "4"], "--seq-len"),
     (["--batch-size", "0"], "--batch-size"), (["--metrics-port", "70000"], "--metrics-port"),
     (["--hsdp-shard-size", "2"], "--hsdp-shard-size"), (["--keep-checkpoints", "0"],
                                                          "--keep-checkpoints"),
@@ -334,10 +334,12 @@ def _steps_at_world_of_one(env, fsdp: bool, argv: list[str], steps: int = 4) -> 
     optimizer = _build_optimizer(model, cfg.optim, env.device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     gen = torch.Generator().manual_seed(0)
-    batches = [torch.randint(3, 259, (2, 33), generator=gen) for _ in range(cfg.train.grad_accum)]
+    batches = [torch.randint(3, 259, (2, 33), generator=gen)
+               for _ in range(cfg.train.grad_accum)]
     out = []
     for _ in range(steps):  # the same batch every step: the loss must fall
-        loss, norm = train_step(model, optimizer, scheduler, [(t[:, :-1], t[:, 1:]) for t in batches],
+        loss, norm = train_step(model, optimizer, scheduler,
+                                [(t[:, :-1], t[:, 1:]) for t in batches],
                                 cfg.optim.max_grad_norm, env)
         assert all(p.dtype == torch.float32 for p in model.parameters())  # masters between steps
         out.append((float(loss), float(norm)))
@@ -356,8 +358,9 @@ def test_world_of_one_without_fsdp_matches_fully_shard(world_of_one, accum):
 
     env = init_distributed()
     try:
-        argv = ["--dtype", "bf16", "--batch-size", "2", "--grad-accum", str(accum), "--seq-len",
-                "32", "--activation-checkpointing", "none", "--lr", "3e-3", "--warmup-steps", "0"]
+        argv = ["--precision", "bf16", "--batch-size", "2", "--grad-accum", str(accum),
+                "--seq-len", "32", "--activation-checkpointing", "none", "--learning-rate", "3e-3",
+                "--warmup-steps", "0"]
         sharded = _steps_at_world_of_one(env, True, argv)
         local = _steps_at_world_of_one(env, False, argv)
         assert sharded[0][0] > sharded[-1][0]  # it trains

@@ -1,0 +1,340 @@
+"""The validation rules of the stack's settings: each takes ``Settings`` and returns its problems.
+
+``components/settings_parser.py`` runs every rule of ``RULES`` and reports all problems at once.
+The job's training keys are not checked here: the training package's own rules check them
+(``training/config.py``), so there is one rule for each, where the pod reads it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable
+
+from components import memory_fit, versions
+from components.settings import (
+    FSX_THROUGHPUTS_PER_TIB,
+    Problem,
+    Settings,
+    job_node_bounds,
+)
+
+Rule = Callable[[Settings], list[Problem]]
+
+
+def _network_rules(s: Settings) -> list[Problem]:
+    if not s.creates_cluster:
+        return []
+    n = s.network
+    problems = []
+    if n.existing_vpc_id is None:
+        try:
+            net = ipaddress.ip_network(n.vpc_cidr)
+            if net.prefixlen > 20:
+                problems.append(
+                    Problem("network.vpcCidr", n.vpc_cidr, "use a /20 or larger block (e.g. 10.0.0.0/16): "
+                            "pods take VPC IPs")
+                )
+        except ValueError:
+            problems.append(Problem("network.vpcCidr", n.vpc_cidr, "give an IPv4 CIDR such as 10.0.0.0/16"))
+        if len(n.availability_zones) < 2:
+            problems.append(
+                Problem("network.availabilityZones", list(n.availability_zones),
+                        "list at least two AZs of the region (EKS requires subnets in two AZs)")
+            )
+    else:
+        for key, ids in (
+            ("network.existingPrivateSubnetIds", n.existing_private_subnet_ids),
+            ("network.existingGpuSubnetIds", n.existing_gpu_subnet_ids),
+        ):
+            if not ids:
+                problems.append(Problem(key, [], "with network.existingVpcId, list the subnet ids"))
+    return problems
+
+
+def _cluster_rules(s: Settings) -> list[Problem]:
+    c = s.cluster
+    problems = []
+    if c.kubernetes_version not in versions.SUPPORTED_KUBERNETES_VERSIONS:
+        problems.append(
+            Problem("cluster.kubernetesVersion", c.kubernetes_version,
+                    f"use one of {', '.join(versions.SUPPORTED_KUBERNETES_VERSIONS)} "
+                    "(add-on versions are pinned per Kubernetes version in components/versions.py)")
+        )
+    problems += _size_rules("cluster.systemNodes", c.system_nodes.min_size,
+                            c.system_nodes.desired_size, c.system_nodes.max_size)
+    for cidr in c.public_access_cidrs:
+        if not _is_cidr(cidr):
+            problems.append(Problem("cluster.publicAccessCidrs", cidr, "give IPv4 CIDRs such as 203.0.113.0/24"))
+    if c.log_retention_days not in LOG_RETENTION_DAYS:
+        problems.append(Problem("cluster.logRetentionDays", c.log_retention_days,
+                                f"use one of {', '.join(map(str, LOG_RETENTION_DAYS))} (CloudWatch Logs "
+                                "retention; 0 keeps the logs forever)"))
+    return problems + _cluster_access_rules(s)
+
+
+IAM_ROLE_ARN = re.compile(r"arn:aws(-[a-z]+)*:iam::\d{12}:role/[\w+=,.@/-]{1,512}")
+"""An IAM role ARN (path allowed): what an EKS access entry's principal must be here."""
+OPEN_TO_THE_INTERNET = "0.0.0.0/0"
+
+
+def _cluster_access_rules(s: Settings) -> list[Problem]:
+    """Who reaches the cluster: access-entry roles, the endpoint (only on a cluster this stack creates)."""
+    c = s.cluster
+    problems = []
+    lists = (("cluster.adminRoleArns", c.admin_role_arns), ("cluster.viewerRoleArns", c.viewer_role_arns))
+    for key, arns in lists:
+        for arn in arns:
+            if not IAM_ROLE_ARN.fullmatch(arn):
+                problems.append(Problem(key, arn, "give IAM role ARNs such as arn:aws:iam::123456789012:role/ml-admins"))
+    for arn in sorted(set(c.admin_role_arns) & set(c.viewer_role_arns)):
+        problems.append(Problem("cluster.viewerRoleArns", arn, "already in cluster.adminRoleArns: list a role once"))
+    if not s.creates_cluster:
+        changed = [(key, list(arns)) for key, arns in lists if arns]
+        changed += [] if c.endpoint_public_access else [("cluster.endpointPublicAccess", False)]
+        problems += [Problem(key, value, "only for a cluster this stack creates: on an existing cluster manage "
+                             "its access entries and endpoint where it was created") for key, value in changed]
+    return problems
+
+
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557,
+                      2922, 3288, 3653, 0)
+"""What CloudWatch Logs accepts as a log group's retention (PutRetentionPolicy ``retentionInDays``)."""
+
+
+def _gpu_node_rules(s: Settings) -> list[Problem]:
+    if not s.creates_cluster:
+        return []
+    g = s.gpu_nodes
+    problems = _size_rules("gpuNodes", g.min_size, g.desired_size, g.max_size)
+    azs = s.network.availability_zones
+    if s.network.existing_vpc_id is None and g.availability_zone not in azs:
+        problems.append(
+            Problem("gpuNodes.availabilityZone", g.availability_zone,
+                    f"use the reservation's AZ and list it in network.availabilityZones ({', '.join(azs)})")
+        )
+    rid = g.capacity_reservation_id
+    if rid is not None and not re.fullmatch(r"cr-[0-9a-f]{8,17}", rid):
+        problems.append(
+            Problem("gpuNodes.capacityReservationId", rid, "give the reservation id, cr- followed by hex digits")
+        )
+    if s.profile_name == "p4de" and rid is None:
+        problems.append(
+            Problem("gpuNodes.capacityReservationId", None,
+                    "p4de.24xlarge is only sold through capacity reservations: set your reservation's id "
+                    "and AZ (pulumi config set --path gpuNodes.capacityReservationId cr-...; "
+                    "pulumi config set --path gpuNodes.availabilityZone <its AZ>; "
+                    "aws ec2 describe-capacity-reservations shows both)")
+        )
+    if g.capacity_block and rid is None:
+        problems.append(
+            Problem("gpuNodes.capacityReservationId", None,
+                    "gpuNodes.capacityBlock needs the capacity block's reservation id (cr-...)")
+        )
+    if g.root_volume_gib < 200:
+        problems.append(Problem("gpuNodes.rootVolumeGiB", g.root_volume_gib,
+                                "use at least 200: CUDA training images are tens of GB"))
+    return problems
+
+
+def _job_rules(s: Settings) -> list[Problem]:
+    """The job's own keys. Its training keys are the package's, checked by the package's rules."""
+    j, p = s.job, s.profile
+    problems = []
+    if j.nodes < 1:
+        problems.append(Problem("job.nodes", j.nodes, "must be at least 1"))
+    if j.max_restarts < 0:
+        problems.append(Problem("job.maxRestarts", j.max_restarts, "must be 0 or more"))
+    if j.model_parameters is not None and j.model_parameters <= 0:
+        problems.append(Problem("job.modelParameters", j.model_parameters,
+                                "give the parameter count in billions, e.g. 8.0"))
+    if j.gpus_per_node is not None and not 1 <= j.gpus_per_node <= p.gpus:
+        problems.append(Problem("job.gpusPerNode", j.gpus_per_node, f"use 1..{p.gpus} ({p.instance_type})"))
+    if j.efa_per_node is not None and not 0 <= j.efa_per_node <= p.efa_interfaces:
+        problems.append(Problem("job.efaPerNode", j.efa_per_node,
+                                f"use 0..{p.efa_interfaces} ({p.instance_type}); leave unset for all"))
+    lo, hi = job_node_bounds(j)
+    if not 1 <= lo <= j.nodes <= hi:
+        problems.append(Problem("job.minNodes/maxNodes", [lo, hi],
+                                f"need minNodes <= nodes ({j.nodes}) <= maxNodes"))
+    if s.creates_cluster and hi > s.gpu_nodes.max_size:
+        problems.append(Problem("job.maxNodes", hi, f"at most gpuNodes.maxSize ({s.gpu_nodes.max_size})"))
+    if s.creates_cluster and j.nodes > s.gpu_nodes.desired_size:
+        problems.append(Problem("job.nodes", j.nodes,
+                                f"raise gpuNodes.desiredSize ({s.gpu_nodes.desired_size}) or lower job.nodes: "
+                                "the job would wait for nodes that never come"))
+    if j.training.parallel.sharding == "HYBRID_SHARD" and j.nodes < 2:
+        problems.append(Problem("job.sharding", "HYBRID_SHARD", "HYBRID_SHARD replicates across nodes: use "
+                                "FULL_SHARD on one node, or job.nodes >= 2"))
+    return problems
+
+
+def _secret_rules(s: Settings) -> list[Problem]:
+    problems = []
+    if s.job.training.model.model.startswith("meta-llama/") and s.secrets.hf_token is None:
+        problems.append(Problem("hfToken", None, f"{s.job.training.model.model} is gated: "
+                                "pulumi config set --secret hfToken hf_..."))
+    if s.observability.enabled and s.secrets.grafana_admin_password is None:
+        problems.append(Problem("grafanaAdminPassword", None,
+                                "pulumi config set --secret grafanaAdminPassword <a strong password>"))
+    return problems
+
+
+PROMETHEUS_DURATION = re.compile(r"(\d+(ms|s|m|h|d|w|y))+")
+"""A Prometheus duration such as ``15d`` or ``1w3d``."""
+
+
+def _observability_rules(s: Settings) -> list[Problem]:
+    o = s.observability
+    if not o.enabled:
+        return []
+    problems = []
+    if not PROMETHEUS_DURATION.fullmatch(o.prometheus_retention) or not re.search(r"[1-9]", o.prometheus_retention):
+        problems.append(Problem("observability.prometheusRetention", o.prometheus_retention,
+                                "give a Prometheus duration such as 15d, 12h or 1w"))
+    if o.prometheus_storage_gib < 10:
+        problems.append(Problem("observability.prometheusStorageGiB", o.prometheus_storage_gib,
+                                "use at least 10 (EBS gp3, GiB)"))
+    topic = o.alert_sns_topic_arn
+    if topic is not None and not SNS_TOPIC_ARN.fullmatch(topic):
+        problems.append(Problem("observability.alertSnsTopicArn", topic,
+                                "give an SNS topic ARN such as arn:aws:sns:us-west-2:123456789012:gpu-alerts"))
+    if topic is not None and not s.creates_cluster:
+        problems.append(Problem("observability.alertSnsTopicArn", topic,
+                                "only for a cluster this stack creates (Alertmanager publishes through EKS Pod Identity): "
+                                "on an existing cluster use the alertSlackWebhook secret"))
+    if o.cloudwatch_container_insights and not s.creates_cluster:
+        problems.append(Problem("observability.cloudwatchContainerInsights", True,
+                                "only for a cluster this stack creates: on an existing cluster install the "
+                                "amazon-cloudwatch-observability add-on yourself, with "
+                                "accelerated_compute_metrics false (one DCGM exporter per GPU node)"))
+    return problems
+
+
+SNS_TOPIC_ARN = re.compile(r"arn:aws(-[a-z]+)*:sns:[a-z]{2}(-[a-z]+)+-\d:\d{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?")
+"""A standard or FIFO SNS topic ARN; its region is the fourth field (Alertmanager signs for it)."""
+
+
+def fsx_capacity_valid(gib: int) -> bool:
+    """FSx for Lustre PERSISTENT_2 on SSD: 1200 GiB, 2400 GiB, or increments of 2400 GiB.
+
+    (FSx API CreateFileSystem ``StorageCapacity``; 3600 is not a valid size.)
+    """
+    return gib == 1200 or (gib >= 2400 and gib % 2400 == 0)
+
+
+def _storage_rules(s: Settings) -> list[Problem]:
+    st = s.storage
+    problems = []
+    if st.fsx and st.existing_claim_name is not None:
+        problems.append(Problem("storage.existingClaimName", st.existing_claim_name,
+                                "use one of storage.fsx (a new FSx for Lustre file system) and "
+                                "storage.existingClaimName (a claim you already have)"))
+    if st.fsx and not s.creates_cluster:
+        problems.append(Problem("storage.fsx", True,
+                                "only for a cluster this stack creates (the file system needs its GPU subnet and "
+                                "security groups): on an existing cluster create a ReadWriteMany "
+                                f"PersistentVolumeClaim in {s.job.namespace} and set storage.existingClaimName"))
+    if st.fsx and not fsx_capacity_valid(st.fsx_storage_capacity_gib):
+        problems.append(Problem("storage.fsxStorageCapacityGiB", st.fsx_storage_capacity_gib,
+                                "FSx for Lustre PERSISTENT_2 takes 1200, 2400 or a multiple of 2400 GiB"))
+    if st.fsx and st.fsx_throughput_per_tib not in FSX_THROUGHPUTS_PER_TIB:
+        problems.append(Problem("storage.fsxThroughputPerTiB", st.fsx_throughput_per_tib,
+                                f"use one of {', '.join(map(str, FSX_THROUGHPUTS_PER_TIB))} (MB/s per TiB, PERSISTENT_2)"))
+    most = max(s.job.nodes, job_node_bounds(s.job)[1])
+    if most > 1 and not st.shared:
+        problems.append(Problem("storage.fsx", st.fsx,
+                                f"a job on {most} nodes needs storage every node shares: each node writes its "
+                                "checkpoint shards to its own NVMe, so a checkpoint would be scattered across "
+                                "nodes and a restarted or resumed run could not load it. Set storage.fsx: true "
+                                "(storage.existingClaimName on an existing cluster), or run on one node (job.nodes: 1)"))
+    return problems
+
+
+DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+"""A Kubernetes namespace name (RFC 1123 label: at most 63 lower-case letters, digits and '-')."""
+DNS_1123_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+"""A Kubernetes object name such as a PersistentVolumeClaim's or a StorageClass's (RFC 1123
+subdomain: at most 253 characters, lower-case labels joined by '.')."""
+EKS_CLUSTER_NAME = re.compile(r"[0-9A-Za-z][A-Za-z0-9_-]{0,99}")
+"""An EKS cluster name (CreateCluster ``name``: 1-100 characters, ``^[0-9A-Za-z][A-Za-z0-9_-]*$``)."""
+STACK_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]{0,98}[a-z0-9])?")
+"""``<project>-<stack>``, the prefix of every physical name: it must be a valid EKS cluster name, the
+first path part of an ECR repository name (lower case: ``[a-z0-9]+(?:[._-][a-z0-9]+)*``) and the
+start of a Kubernetes StorageClass name (RFC 1123): lower-case letters, digits and '-' only."""
+AVAILABILITY_ZONE = re.compile(r"[a-z]{2}(-[a-z]+)+-\d[a-z]")
+"""An AZ name such as ``us-west-2c`` (a zone id such as ``usw2-az3`` is not a name)."""
+
+
+def _name_rules(s: Settings) -> list[Problem]:
+    """Every setting that becomes a Kubernetes or AWS name, checked against that API's rules."""
+    problems = []
+    if not STACK_PREFIX.fullmatch(s.name):
+        problems.append(Problem("(stack name)", s.stack,
+                                f"'{s.name}' (project-stack) names the EKS cluster, the ECR repository and a "
+                                "Kubernetes StorageClass: use lower-case letters, digits and '-' only, at most "
+                                f"{100 - len(s.project) - 1} characters (pulumi stack rename <new name>)"))
+    if not DNS_1123_LABEL.fullmatch(s.job.namespace):
+        problems.append(Problem("job.namespace", s.job.namespace,
+                                "a Kubernetes namespace name: at most 63 lower-case letters, digits and '-', "
+                                "starting and ending with a letter or digit"))
+    claim = s.storage.existing_claim_name
+    if claim is not None and not DNS_1123_SUBDOMAIN.fullmatch(claim):
+        problems.append(Problem("storage.existingClaimName", claim,
+                                "give the name of a PersistentVolumeClaim (lower-case letters, digits, '-' and '.', "
+                                "at most 253 characters)"))
+    existing = s.cluster.existing_cluster_name
+    if existing is not None and not EKS_CLUSTER_NAME.fullmatch(existing):
+        problems.append(Problem("cluster.existingClusterName", existing,
+                                "an EKS cluster name: 1-100 letters, digits, '-' and '_', starting with a letter "
+                                "or digit"))
+    if s.creates_cluster:
+        new_vpc = s.network.existing_vpc_id is None
+        zones = [("network.availabilityZones", az) for az in s.network.availability_zones if new_vpc]
+        if new_vpc or s.gpu_nodes.availability_zone:
+            zones.append(("gpuNodes.availabilityZone", s.gpu_nodes.availability_zone))
+        for key, az in zones:
+            if not AVAILABILITY_ZONE.fullmatch(az) or (s.region and not az.startswith(s.region)):
+                problems.append(Problem(key, az, f"give an AZ name of the stack's region {s.region or '(aws:region)'}, "
+                                        f"such as {s.region or 'us-west-2'}a"))
+    return problems
+
+
+def _size_rules(key: str, lo: int, desired: int, hi: int) -> list[Problem]:
+    if 0 <= lo <= desired <= hi and hi >= 1:
+        return []
+    return [Problem(f"{key}.minSize/desiredSize/maxSize", [lo, desired, hi],
+                    "need 0 <= minSize <= desiredSize <= maxSize and maxSize >= 1")]
+
+
+def _is_cidr(text: str) -> bool:
+    try:
+        ipaddress.IPv4Network(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _open_endpoint_warning(s: Settings) -> list[Problem]:
+    c = s.cluster
+    if s.creates_cluster and c.endpoint_public_access and OPEN_TO_THE_INTERNET in c.public_access_cidrs:
+        return [Problem("cluster.publicAccessCidrs", list(c.public_access_cidrs),
+                        "the Kubernetes API endpoint is open to the whole internet: list your networks' CIDRs, "
+                        "or set cluster.endpointPublicAccess: false (private endpoint only)")]
+    return []
+
+
+def _no_alert_receiver_warning(s: Settings) -> list[Problem]:
+    o = s.observability
+    if o.enabled and o.alert_sns_topic_arn is None and s.secrets.alert_slack_webhook is None:
+        return [Problem("observability.alertSnsTopicArn", None,
+                        "no alert receiver: the GPU and training alerts fire but reach no one. Set it, or "
+                        "`pulumi config set --secret alertSlackWebhook https://hooks.slack.com/...`")]
+    return []
+
+
+WARNINGS: list[Rule] = [_open_endpoint_warning, _no_alert_receiver_warning]
+"""What preview warns about but accepts (``settings_parser.settings_warnings``)."""
+
+RULES: list[Rule] = [_network_rules, _cluster_rules, _gpu_node_rules, _job_rules, _secret_rules,
+                     memory_fit.fit_problems, _observability_rules, _storage_rules, _name_rules]

@@ -49,6 +49,10 @@ OVERHEAD_GIB = 4.0
 BUDGET_FRACTION = 0.9
 COMPILED_ACTIVATION_FACTOR = 127.0 / 153.6
 """Measured activations of a compiled Llama block over this module's eager formula."""
+FLOAT8_ACTIVATION_FACTOR = 24.9 / 39.0
+"""Activations and transients of float8 linears over bf16's, measured on 2 x H200 (7B, batch 3,
+no AC, compile, FULL_SHARD: 24.9 vs 39.0 GiB; docs/performance.md): torchao saves the float8
+copies of the linears' inputs for backward instead of bf16 ones."""
 MAX_SUGGESTED_NODES = 64
 
 
@@ -167,6 +171,7 @@ def estimate(
     seq_len: int,
     activation_checkpointing: str,
     compile: bool = False,
+    precision: str = "bf16",
 ) -> MemoryEstimate:
     """Per-GPU memory of a configuration (the formula of the module docstring)."""
     p = shape.parameters
@@ -181,6 +186,8 @@ def estimate(
     per_layer = 2 * (6 * shape.hidden + 2 * shape.kv_width + 4 * shape.intermediate) * tokens
     if compile:
         per_layer *= COMPILED_ACTIVATION_FACTOR
+    if precision == "fp8":
+        per_layer *= FLOAT8_ACTIVATION_FACTOR
     layer_input = 2 * shape.hidden * tokens
     if activation_checkpointing == "none":
         activations = shape.layers * per_layer
@@ -215,7 +222,8 @@ def _job_estimate(shape: ModelShape, job: JobSettings, profile: HardwareProfile,
     params = {
         "nodes": _min_nodes(job),
         "gpus_per_node": gpus_per_node(job, profile),
-        **{k: t[k] for k in ("sharding", "batch_size", "seq_len", "activation_checkpointing", "compile")},
+        **{k: t[k] for k in ("sharding", "batch_size", "seq_len", "activation_checkpointing", "compile",
+                             "precision")},
     }
     params.update(changes)
     return estimate(shape, **params)

@@ -163,6 +163,10 @@ def _job_rules(s: Settings) -> list[Problem]:
         problems.append(Problem("job.nodes", j.nodes,
                                 f"raise gpuNodes.desiredSize ({s.gpu_nodes.desired_size}) or lower job.nodes: "
                                 "the job would wait for nodes that never come"))
+    if j.training.model.precision == "fp8" and not p.float8:
+        problems.append(Problem("job.precision", "fp8",
+                                f"{p.instance_type}'s {p.gpu_model} has no float8 matrix units: use bf16 "
+                                "(or a profile with H100s, e.g. p5)"))
     if j.training.parallel.sharding == "HYBRID_SHARD" and j.nodes < 2:
         problems.append(Problem("job.sharding", "HYBRID_SHARD", "HYBRID_SHARD replicates across nodes: use "
                                 "FULL_SHARD on one node, or job.nodes >= 2"))

@@ -11,6 +11,7 @@ from components.cluster import (
     ExistingClusterArgs,
 )
 from components.device_plugins import DevicePlugins, DevicePluginsArgs
+from components.forecast import preview_line
 from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
 from components.network import Network, NetworkArgs
 from components.observability import EksAddonTarget, Observability, ObservabilityArgs
@@ -40,6 +41,9 @@ def build_stack(settings: Settings) -> dict[str, object]:
     Ordering: every in-cluster layer waits for the nodes its pods need (``cluster.ready``: the
     system nodes, CoreDNS, the Pod Identity agent; the device plugins also for the GPU nodes)."""
     preflight(settings)
+    line = preview_line(settings)
+    if line:
+        pulumi.log.info(line)  # time and money, before anything is created
     outputs: dict[str, object] = {}
     gpu_nodes: list[pulumi.Resource] = []
     # Where the job's checkpoints go: a claim every worker mounts, or (None) each node's NVMe.

@@ -160,3 +160,24 @@ def test_tiny_is_not_checked():
 def test_the_budget_is_90_percent_of_the_gpu():
     """Checked against the profiles: 80 GiB GPUs give 72 GiB."""
     assert memory_fit.budget_gib(PROFILES["p5"]) == pytest.approx(72.0)
+
+
+def test_float8_stores_the_measured_fraction_of_activations():
+    """Checked against the 2 x H200 measurement (docs/performance.md): float8 linears left 24.9
+    GiB of activations and transients where bf16 left 39.0 (7B, batch 3, no AC, compile); the
+    model state is the same (fp32 masters and AdamW states either way)."""
+    s = model_shape("meta-llama/Llama-2-7b-hf", None)
+    common = dict(sharding="FULL_SHARD", nodes=1, gpus_per_node=2, batch_size=3, seq_len=4096,
+                  activation_checkpointing="none", compile=True)
+    bf16, fp8 = estimate(s, **common), estimate(s, precision="fp8", **common)
+    assert fp8.activations / bf16.activations == pytest.approx(24.9 / 39.0)
+    assert fp8.states == bf16.states
+
+
+def test_float8_job_is_estimated_with_float8_activations():
+    """The stack passes job.precision to the estimate: 7B at batch 4, no AC, compile on 2 x p5
+    does not fit in bf16 and fits in float8."""
+    job = dict(model="meta-llama/Llama-2-7b-hf", sharding="FULL_SHARD", activationCheckpointing="none",
+               compile=True, batchSize=4)
+    assert "does not fit" in refusal(raw("p5", nodes=2, **job))
+    assert parse(raw("p5", nodes=2, precision="fp8", **job)).job.nodes == 2

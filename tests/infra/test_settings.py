@@ -250,3 +250,15 @@ def test_a_training_key_of_the_wrong_type_is_named_once():
     config["job"]["seqLen"] = "long"
     message = errors(config)
     assert "job.seqLen = 'long': must be a int" in message and message.count("job.seqLen") == 1
+
+
+def test_float8_is_refused_on_a100_and_accepted_on_h100():
+    """Checked against the hardware table: the A100 (p4de) has no float8 matrix units, so the
+    preview names job.precision and the fix; the same job on p5 (H100) is accepted."""
+    config = raw("p4de")
+    config["job"]["precision"] = "fp8"
+    message = errors(config)
+    assert "job.precision = 'fp8'" in message and "A100" in message and "bf16" in message
+    config = raw("p5")
+    config["job"]["precision"] = "fp8"
+    assert parse(config).job.training.model.precision == "fp8"

@@ -69,6 +69,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--out", default="/tmp/peer")
     p.add_argument("--tag", default="")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="after the timed steps, profile this many (torch.profiler) and write the "
+                        "Chrome trace beside the JSON, as training.bench does")
     return p.parse_args(argv)
 
 
@@ -81,7 +84,7 @@ def job_config(args: argparse.Namespace, flavor: str):
     cfg.model.flavor = flavor
     cfg.training.local_batch_size = args.batch_size
     cfg.training.seq_len = args.seq_len
-    cfg.training.steps = args.warmup + args.steps
+    cfg.training.steps = args.warmup + args.steps + args.profile_steps
     cfg.training.max_norm = 1.0
     cfg.training.mixed_precision_param = "bfloat16"
     cfg.training.mixed_precision_reduce = "float32"
@@ -176,6 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.cuda.synchronize(device)
     wall = time.perf_counter() - stamp
     times = [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
+    if args.profile_steps:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.profile_steps):
+                step()
+            torch.cuda.synchronize(device)
+        if rank == 0:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(Path(args.out) / f"{args.tag or flavor}.trace.json.gz"))
     world = torch.distributed.get_world_size()
     tokens = args.batch_size * args.seq_len
     per_gpu = tokens / (wall / args.steps)

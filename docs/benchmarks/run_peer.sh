@@ -96,9 +96,21 @@ phaseagain() {  # the bf16 pairs again (a second same-call sample), the pinned a
   titan titan-16l-fp8 110 --layers 16 --ac none --float8
 }
 
+phaseprofile() {  # one profiled step of each side, 16 layers, no AC: where the time goes
+  ours ours-16l-none 110 $SHAPE --layers 16 --activation-checkpointing none --compile --profile-steps 1
+  titan titan-16l-none 110 --layers 16 --ac none --profile-steps 1
+}
+
+phasefinal() {  # the bf16 pairs after the compiled gradient cast
+  ours ours-16l-none 100 $SHAPE --layers 16 --activation-checkpointing none --compile
+  titan titan-16l-none 100 --layers 16 --ac none
+  ours ours-7b-full 100 $SHAPE --activation-checkpointing full --compile
+  titan titan-7b-full 100 --layers 32 --ac full
+}
+
 "phase$PHASE"
 pack
 echo "--- phase $PHASE done at $(elapsed) s"
 cp "$WORK"/json/*.trace.json.gz "$OUT"/ 2>/dev/null
-for t in "$WORK"/json/*.trace.json.gz; do [ -f "$t" ] && $PY benchmarks/trace_summary.py "$t" 2>&1 | tail -25; done
+for t in "$WORK"/json/*.trace.json.gz; do [ -f "$t" ] && echo "== $t" && $PY benchmarks/trace_summary.py "$t" 2>&1 | head -32; done
 $PY benchmarks/peer_table.py "$WORK/json"

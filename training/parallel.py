@@ -142,19 +142,6 @@ def apply_fsdp(model: nn.Module, layers: nn.ModuleList, mesh: DeviceMesh,
     return len(layers) + 1
 
 
-def fp32_caster(compiled: bool):
-    """The gradient cast of `LocalMixedPrecision`: an exact copy of a tensor in fp32.
-
-    On CUDA, torch 2.11 copies bf16 into fp32 with its generic (unrolled, unvectorized)
-    elementwise kernel: 14.5 ms per step for the 3.5 B gradients of the 16-layer 7B cut, 1.45 TB/s
-    (docs/performance.md, profile). A compiled 1-D cast (one Triton kernel for every shape,
-    `dynamic=True`) does the same conversion at copy bandwidth. Eager on CPU."""
-    if not compiled:
-        return lambda t: t.to(torch.float32)
-    cast = torch.compile(lambda flat: flat.to(torch.float32), dynamic=True)
-    return lambda t: cast(t.reshape(-1)).view(t.shape)
-
-
 class LocalMixedPrecision:
     """FSDP2's MixedPrecisionPolicy(param_dtype, reduce_dtype=float32) for a model that is not
     sharded (world size 1), without FSDP's buffers and collectives.
@@ -187,7 +174,6 @@ class LocalMixedPrecision:
     def _swap_in(self, *_):
         if not self.params:  # the meta model's parameters, replaced when it was allocated
             model = self.model()
-            self.to_fp32 = fp32_caster(compiled=next(model.parameters()).device.type == "cuda")
             float8 = {id(p) for m in model.modules() if type(m).__name__ == "Float8Linear"
                       for p in m.parameters(recurse=False)}
             # float8 linears cast their fp32 weight to float8 themselves: a bf16 copy first
@@ -208,7 +194,7 @@ class LocalMixedPrecision:
     def _grad_ready(self, p: nn.Parameter) -> None:
         grad, p.grad = p.grad, None
         total = self.grads.pop(p, None)
-        total = self.to_fp32(grad) if total is None else total.add_(grad)
+        total = grad.to(torch.float32) if total is None else total.add_(grad)
         if not self.sync:
             self.grads[p] = total
             return

@@ -3,6 +3,7 @@ three times with `training.finetune` on one GPU: bf16, float8, bf16 again (the n
 
     python fp8_convergence.py make DIR          # random-init model directory (fixed seed)
     python fp8_convergence.py compare OUT.json BF16.jsonl FP8.jsonl BF16B.jsonl
+    python fp8_convergence.py plot SUMMARY.json OUT.png
 
 Model: a Llama of 0.62 B parameters (hidden 2048, 12 layers, 16 heads, FFN 5632; the package's
 byte tokenizer, vocabulary 320), initialised N(0, 0.02) by transformers with seed 0. Data: the
@@ -64,8 +65,36 @@ def compare(out: str, bf16: str, fp8: str, bf16_again: str) -> None:
     print(json.dumps({k: v for k, v in summary.items() if k != "losses"}))
 
 
+def plot(summary: str, out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    r = json.load(open(summary))
+    fig, (ax, gap) = plt.subplots(2, 1, figsize=(8, 6), sharex=True,
+                                  gridspec_kw={"height_ratios": [3, 1]})
+    for name, style in (("bf16", "-"), ("fp8", "-"), ("bf16_again", "--")):
+        ax.plot(range(1, len(r["losses"][name]) + 1), r["losses"][name], style, lw=1, label=name)
+    ax.set_ylabel("training loss (nats/byte)")
+    ax.set_title("float8 vs bf16, 0.62 B Llama, Brown corpus, 300 steps of 8 x 1,024 tokens, 1 x H200")
+    ax.legend()
+    for name in ("fp8", "bf16_again"):
+        rel = [100 * (a - b) / b for a, b in zip(r["losses"][name], r["losses"]["bf16"])]
+        gap.plot(range(1, len(rel) + 1), rel, lw=1, label=f"{name} - bf16")
+    gap.axhline(0, color="k", lw=0.5)
+    gap.set_ylim(-5, 5)
+    gap.set_ylabel("% of bf16")
+    gap.set_xlabel("optimizer step")
+    gap.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2])
+    elif sys.argv[1] == "plot":
+        plot(sys.argv[2], sys.argv[3])
     else:
         compare(*sys.argv[2:6])

@@ -59,6 +59,15 @@ class EksCluster(pulumi.ComponentResource):
             opts=after_cluster,
         )
         self.system_nodes = self._system_nodes(name, args, after_cluster)
+        # Its DaemonSet needs nodes to run on, or the add-on never turns ACTIVE: after the
+        # system nodes; the GPU node group (created after this component) joins it later.
+        self.node_monitoring_agent = aws.eks.Addon(
+            f"{name}-node-monitoring-agent",
+            cluster_name=args.name,
+            addon_name="eks-node-monitoring-agent",
+            addon_version=versions.EKS_ADDONS[args.settings.kubernetes_version]["eks-node-monitoring-agent"],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.eks, self.system_nodes]),
+        )
         self.ready: list[pulumi.Resource] = [self.pod_identity_agent, self.system_nodes]
         """What in-cluster workloads wait for: nodes to run on and Pod Identity credentials."""
         self.system_node_selector = SYSTEM_NODE_LABEL

@@ -24,6 +24,11 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
     # Sources: the AWS EKS user guide's per-version tables (coredns, kube-proxy, vpc-cni for
     # 1.33); the others from pins used for these versions in public EKS repositories. Check
     # with `aws eks describe-addon-versions --kubernetes-version X --addon-name Y` when bumping.
+    # eks-node-monitoring-agent (the node health checks behind GPU-node auto repair): 1.33's
+    # v1.4.0-eksbuild.2 beside kube-proxy v1.33.3 in a public EKS Terraform stack; 1.34's
+    # v1.4.2-eksbuild.1 and 1.35's v1.6.2-eksbuild.1 in the public Terraform environment
+    # file of the UK MoJ Analytical Platform's clusters at those versions. The agent reads node
+    # logs and is not tied to a Kubernetes minor, but EKS lists its builds per version.
     "1.33": {
         # vpc-cni >= v1.18.4 is needed for `efa-only` network interfaces.
         "vpc-cni": "v1.20.1-eksbuild.3",
@@ -32,6 +37,7 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
         "eks-pod-identity-agent": "v1.3.10-eksbuild.1",
         "aws-ebs-csi-driver": "v1.53.0-eksbuild.1",
         "amazon-cloudwatch-observability": "v4.7.0-eksbuild.1",
+        "eks-node-monitoring-agent": "v1.4.0-eksbuild.2",
     },
     "1.34": {
         "vpc-cni": "v1.21.1-eksbuild.1",
@@ -40,6 +46,7 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
         "eks-pod-identity-agent": "v1.3.10-eksbuild.1",
         "aws-ebs-csi-driver": "v1.53.0-eksbuild.1",
         "amazon-cloudwatch-observability": "v5.0.0-eksbuild.1",
+        "eks-node-monitoring-agent": "v1.4.2-eksbuild.1",
     },
 }
 SUPPORTED_KUBERNETES_VERSIONS: tuple[str, ...] = tuple(EKS_ADDONS)

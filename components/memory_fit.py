@@ -274,9 +274,12 @@ def staging_problems(s: Settings) -> list[Problem]:
 
     j = s.job
     t = training_config.flat(j.training)
-    shape = model_shape(t["model"], j.model_parameters) if t["model"] != TINY_MODEL else None
-    if not t["async_checkpoint"] or shape is None or _min_nodes(j) < 1 or shape.parameters <= 0:
-        return []
+    if (not t["async_checkpoint"] or t["model"] == TINY_MODEL or _min_nodes(j) < 1
+            or (j.model_parameters is not None and j.model_parameters <= 0)):
+        return []  # nothing staged, or the other rules report what is wrong
+    shape = model_shape(t["model"], j.model_parameters)
+    if shape is None:
+        return []  # gpu_problems asks for the parameter count
     staged = staging_gib(shape, sharding=t["sharding"], nodes=_min_nodes(j),
                          gpus_per_node=gpus_per_node(j, s.profile))
     if staged + HOST_ALLOWANCE_GIB <= MEMORY_GIB_PER_GPU:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -182,8 +183,12 @@ def test_async_save_pending_while_training_holds_the_staged_weights(env, tmp_pat
     ckpt.save(2, model, optimizer, trainer, {})
     at_save = _weights(model)
     _train_to(5, model, optimizer, trainer)  # the optimizer changes the weights meanwhile
-    while ckpt.pending is not None:
+    for _ in range(200):  # poll() completes it once the background write is done
+        if ckpt.pending is None:
+            break
         ckpt.poll()
+        time.sleep(0.05)
+    assert ckpt.pending is None, "the async save never completed"
     ckpt.close()
     fresh, optimizer, trainer = _job()
     Checkpointer(str(tmp_path), 2, env).resume(fresh, optimizer, trainer)

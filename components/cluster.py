@@ -16,6 +16,7 @@ import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
 from components import versions
+from components.node_metadata import metadata_options
 from components.settings import ClusterSettings
 
 SYSTEM_NODE_LABEL = {"fsdp-eks/node-role": "system"}
@@ -28,6 +29,40 @@ NODE_ROLE_POLICIES = {
     # Session Manager instead of SSH keys for debugging a node.
     "ssm": "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
 }
+
+ACCESS_POLICIES = {
+    "admin": "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy",
+    "viewer": "arn:aws:eks::aws:cluster-access-policy/AmazonEKSViewPolicy",
+}
+"""EKS access policies of ``cluster.adminRoleArns`` and ``cluster.viewerRoleArns`` (EKS user guide,
+"Associate access policies with access entries"), cluster-wide."""
+
+
+def access_grants(settings: ClusterSettings) -> dict[str, tuple[str, str]]:
+    """Stable key (``admin-<role name>``) -> (role ARN, access policy ARN) of every access entry."""
+    grants = {}
+    for kind, arns in (("admin", settings.admin_role_arns), ("viewer", settings.viewer_role_arns)):
+        for arn in arns:
+            # The role's name (last path element) is unique within an account; the account id and
+            # the kind keep it unique across the two lists and accounts.
+            account, role = arn.split(":")[4], arn.rsplit("/", 1)[-1]
+            grants[f"{kind}-{account}-{role}"] = (arn, ACCESS_POLICIES[kind])
+    return grants
+
+
+def endpoint_access(settings: ClusterSettings) -> dict:
+    """``eks.Cluster`` endpoint inputs: private always; public only when asked, only for the CIDRs."""
+    if not settings.endpoint_public_access:
+        return {"endpoint_private_access": True, "endpoint_public_access": False}
+    return {"endpoint_private_access": True, "endpoint_public_access": True,
+            "public_access_cidrs": list(settings.public_access_cidrs)}
+
+
+def vpc_cni_options(addon_version: str) -> eks.VpcCniOptionsArgs:
+    """The VPC CNI add-on with NetworkPolicy enforcement on (its network policy agent, VPC CNI >=
+    1.14), so the etcd NetworkPolicy (components/rendezvous.py) is enforced, not just stored.
+    Kubelet probes from the node's own IP stay allowed (aws-network-policy-agent#56, fixed in 1.15.1)."""
+    return eks.VpcCniOptionsArgs(addon_version=addon_version, configuration_values={"enableNetworkPolicy": "true"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +86,7 @@ class EksCluster(pulumi.ComponentResource):
         self.node_role = self._node_role(name)
         self.eks = self._control_plane(name, args)
         after_cluster = pulumi.ResourceOptions(parent=self, depends_on=[self.eks])
+        self.access_entries = self._access_entries(name, args, after_cluster)
         self.pod_identity_agent = aws.eks.Addon(
             f"{name}-pod-identity-agent",
             cluster_name=args.name,
@@ -58,6 +94,7 @@ class EksCluster(pulumi.ComponentResource):
             addon_version=versions.EKS_ADDONS[args.settings.kubernetes_version]["eks-pod-identity-agent"],
             opts=after_cluster,
         )
+        self.system_launch_template = self._system_launch_template(name)
         self.system_nodes = self._system_nodes(name, args, after_cluster)
         # Its DaemonSet needs nodes to run on, or the add-on never turns ACTIVE: after the
         # system nodes; the GPU node group (created after this component) joins it later.
@@ -128,13 +165,40 @@ class EksCluster(pulumi.ComponentResource):
             # Use the EKS-created cluster security group: the GPU launch template puts it on
             # every network interface, which is what lets the nodes join.
             skip_default_security_groups=True,
-            endpoint_private_access=True,
-            endpoint_public_access=True,
-            public_access_cidrs=list(s.public_access_cidrs),
+            **endpoint_access(s),
             enabled_cluster_log_types=["api", "audit", "authenticator"],
-            vpc_cni_options=eks.VpcCniOptionsArgs(addon_version=addons["vpc-cni"]),
+            vpc_cni_options=vpc_cni_options(addons["vpc-cni"]),
             coredns_addon_options=eks.CoreDnsAddonOptionsArgs(version=addons["coredns"]),
             kube_proxy_addon_options=eks.KubeProxyAddonOptionsArgs(version=addons["kube-proxy"]),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    def _access_entries(
+        self, name: str, args: EksClusterArgs, opts: pulumi.ResourceOptions
+    ) -> list[aws.eks.AccessPolicyAssociation]:
+        """``cluster.adminRoleArns`` / ``viewerRoleArns``: an access entry and a cluster-wide access
+        policy each, so more than the identity that ran ``pulumi up`` can reach the cluster."""
+        associations = []
+        for key, (role_arn, policy_arn) in access_grants(args.settings).items():
+            entry = aws.eks.AccessEntry(
+                f"{name}-access-{key}", cluster_name=args.name, principal_arn=role_arn, type="STANDARD", opts=opts
+            )
+            associations.append(aws.eks.AccessPolicyAssociation(
+                f"{name}-access-{key}-policy",
+                cluster_name=args.name,
+                principal_arn=entry.principal_arn,
+                policy_arn=policy_arn,
+                access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"),
+                opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[entry])),
+            ))
+        return associations
+
+    def _system_launch_template(self, name: str) -> aws.ec2.LaunchTemplate:
+        """Only the metadata options: IMDSv2 with one hop, as on the GPU nodes (node_metadata.py)."""
+        return aws.ec2.LaunchTemplate(
+            f"{name}-system-lt",
+            description="fsdp-eks system nodes: IMDSv2, hop limit 1",
+            metadata_options=metadata_options(),
             opts=pulumi.ResourceOptions(parent=self),
         )
 
@@ -152,6 +216,9 @@ class EksCluster(pulumi.ComponentResource):
                 min_size=size.min_size, desired_size=size.desired_size, max_size=size.max_size
             ),
             labels=SYSTEM_NODE_LABEL,
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                id=self.system_launch_template.id, version=self.system_launch_template.latest_version.apply(str)
+            ),
             opts=opts,
         )
 

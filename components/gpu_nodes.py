@@ -14,6 +14,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components.hardware import HardwareProfile
+from components.node_metadata import metadata_options
 from components.settings import GpuNodeSettings
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
@@ -140,12 +141,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 [args.cluster_security_group_id, self.efa_security_group.id],
                 s.secondary_interface_type,
             ),
-            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
-                http_endpoint="enabled",
-                http_tokens="required",
-                # 2 hops: pods (one hop behind the node) still reach IMDSv2.
-                http_put_response_hop_limit=2,
-            ),
+            # IMDSv2, one hop: no pod on a GPU node can take the node role (components/node_metadata.py).
+            metadata_options=metadata_options(),
             block_device_mappings=[
                 aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
                     device_name="/dev/xvda",
@@ -233,10 +230,15 @@ def require_node_label(key: str, value: str) -> dict:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
-def gpu_node_placement() -> dict:
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+"""The label every node carries (set by the kubelet), ours or an existing cluster's."""
+
+
+def gpu_node_placement(instance_type: str) -> dict:
     """Pod spec (or chart values) keys that put a pod on the GPU nodes only: it tolerates their
-    taint and requires their ``nvidia.com/gpu`` label."""
+    taint and requires their instance type, a label an existing cluster's GPU nodes carry too
+    (``GPU_LABELS`` are only on the node group this stack creates)."""
     return {
         "tolerations": [dict(GPU_TOLERATION)],
-        "affinity": require_node_label("nvidia.com/gpu", GPU_LABELS["nvidia.com/gpu"]),
+        "affinity": require_node_label(INSTANCE_TYPE_LABEL, instance_type),
     }

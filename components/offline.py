@@ -280,6 +280,16 @@ def main(argv: list[str] | None = None) -> None:
     print_plan(recording, args.stack)
     written = write_manifests(recording, args.out)
     print(f"Wrote {len(written)} Kubernetes objects and Helm values to {args.out}/")
+    from components import rendering
+
+    try:
+        rendered = rendering.render_stack(recording)
+    except rendering.ToolMissing as missing:
+        print(f"Charts not rendered: {missing}")
+        return
+    files = rendering.write_rendered(rendered, args.out / "rendered")
+    objects = sum(len(r.objects) for r in rendered)
+    print(f"Rendered {len(files)} Helm releases and kustomizations ({objects} objects) to {args.out}/rendered/")
 
 
 if __name__ == "__main__":

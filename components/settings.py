@@ -17,7 +17,9 @@ from training import config as training_config
 from training.config import JobConfig
 
 NAMESPACE = "fsdp-eks"
-SECRET_KEYS = ("hfToken", "grafanaAdminPassword")
+SECRET_KEYS = ("hfToken", "grafanaAdminPassword", "alertSlackWebhook")
+"""Top-level keys: Pulumi.yaml declares each ``secret: true`` (a declaration covers a whole key, so a
+secret never sits inside a section, where it would turn the section secret or stay plain text)."""
 
 RdzvBackend = Literal["etcd", "etcd-v2", "c10d"]
 SecondaryInterfaceType = Literal["efa", "efa-only"]
@@ -70,6 +72,13 @@ class ClusterSettings:
     """Sizes of the system node group."""
     public_access_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
     """CIDRs allowed to reach the public Kubernetes API endpoint."""
+    endpoint_public_access: bool = True
+    """Serve the Kubernetes API on a public endpoint (limited to ``public_access_cidrs``); false: the
+    private endpoint only, reachable from inside the VPC (README, "Security")."""
+    admin_role_arns: tuple[str, ...] = ()
+    """IAM roles given cluster-admin (EKS access entries, ``AmazonEKSClusterAdminPolicy``)."""
+    viewer_role_arns: tuple[str, ...] = ()
+    """IAM roles given read-only access to the cluster (EKS access entries, ``AmazonEKSViewPolicy``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,6 +175,9 @@ class ObservabilitySettings:
     """Also install the amazon-cloudwatch-observability add-on (its own DCGM exporter stays off)."""
     debug_tools: bool = False
     """Run an htop/nvtop DaemonSet on the GPU nodes."""
+    alert_sns_topic_arn: str | None = None
+    """Send the GPU and training alerts to this SNS topic (Alertmanager publishes through EKS Pod
+    Identity, ``sns:Publish`` on this topic only). The Slack webhook is the secret ``alertSlackWebhook``."""
 
 
 FSX_THROUGHPUTS_PER_TIB = (125, 250, 500, 1000)
@@ -204,6 +216,8 @@ class Secrets:
     """``pulumi.Output[str]`` of the Hugging Face token, or None."""
     grafana_admin_password: Any = None
     """``pulumi.Output[str]`` of Grafana's admin password, or None."""
+    alert_slack_webhook: Any = None
+    """``pulumi.Output[str]`` of the Slack incoming-webhook URL the alerts go to, or None."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -66,6 +66,30 @@ def _cluster_rules(s: Settings) -> list[Problem]:
     for cidr in c.public_access_cidrs:
         if not _is_cidr(cidr):
             problems.append(Problem("cluster.publicAccessCidrs", cidr, "give IPv4 CIDRs such as 203.0.113.0/24"))
+    return problems + _cluster_access_rules(s)
+
+
+IAM_ROLE_ARN = re.compile(r"arn:aws(-[a-z]+)*:iam::\d{12}:role/[\w+=,.@/-]{1,512}")
+"""An IAM role ARN (path allowed): what an EKS access entry's principal must be here."""
+OPEN_TO_THE_INTERNET = "0.0.0.0/0"
+
+
+def _cluster_access_rules(s: Settings) -> list[Problem]:
+    """Who reaches the cluster: access-entry roles, the endpoint (only on a cluster this stack creates)."""
+    c = s.cluster
+    problems = []
+    lists = (("cluster.adminRoleArns", c.admin_role_arns), ("cluster.viewerRoleArns", c.viewer_role_arns))
+    for key, arns in lists:
+        for arn in arns:
+            if not IAM_ROLE_ARN.fullmatch(arn):
+                problems.append(Problem(key, arn, "give IAM role ARNs such as arn:aws:iam::123456789012:role/ml-admins"))
+    for arn in sorted(set(c.admin_role_arns) & set(c.viewer_role_arns)):
+        problems.append(Problem("cluster.viewerRoleArns", arn, "already in cluster.adminRoleArns: list a role once"))
+    if not s.creates_cluster:
+        changed = [(key, list(arns)) for key, arns in lists if arns]
+        changed += [] if c.endpoint_public_access else [("cluster.endpointPublicAccess", False)]
+        problems += [Problem(key, value, "only for a cluster this stack creates: on an existing cluster manage "
+                             "its access entries and endpoint where it was created") for key, value in changed]
     return problems
 
 
@@ -160,12 +184,24 @@ def _observability_rules(s: Settings) -> list[Problem]:
     if o.prometheus_storage_gib < 10:
         problems.append(Problem("observability.prometheusStorageGiB", o.prometheus_storage_gib,
                                 "use at least 10 (EBS gp3, GiB)"))
+    topic = o.alert_sns_topic_arn
+    if topic is not None and not SNS_TOPIC_ARN.fullmatch(topic):
+        problems.append(Problem("observability.alertSnsTopicArn", topic,
+                                "give an SNS topic ARN such as arn:aws:sns:us-west-2:123456789012:gpu-alerts"))
+    if topic is not None and not s.creates_cluster:
+        problems.append(Problem("observability.alertSnsTopicArn", topic,
+                                "only for a cluster this stack creates (Alertmanager publishes through EKS Pod Identity): "
+                                "on an existing cluster use the alertSlackWebhook secret"))
     if o.cloudwatch_container_insights and not s.creates_cluster:
         problems.append(Problem("observability.cloudwatchContainerInsights", True,
                                 "only for a cluster this stack creates: on an existing cluster install the "
                                 "amazon-cloudwatch-observability add-on yourself, with "
                                 "accelerated_compute_metrics false (one DCGM exporter per GPU node)"))
     return problems
+
+
+SNS_TOPIC_ARN = re.compile(r"arn:aws(-[a-z]+)*:sns:[a-z]{2}(-[a-z]+)+-\d:\d{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?")
+"""A standard or FIFO SNS topic ARN; its region is the fourth field (Alertmanager signs for it)."""
 
 
 def fsx_capacity_valid(gib: int) -> bool:
@@ -225,6 +261,27 @@ def _is_cidr(text: str) -> bool:
         return False
     return True
 
+
+def _open_endpoint_warning(s: Settings) -> list[Problem]:
+    c = s.cluster
+    if s.creates_cluster and c.endpoint_public_access and OPEN_TO_THE_INTERNET in c.public_access_cidrs:
+        return [Problem("cluster.publicAccessCidrs", list(c.public_access_cidrs),
+                        "the Kubernetes API endpoint is open to the whole internet: list your networks' CIDRs, "
+                        "or set cluster.endpointPublicAccess: false (private endpoint only)")]
+    return []
+
+
+def _no_alert_receiver_warning(s: Settings) -> list[Problem]:
+    o = s.observability
+    if o.enabled and o.alert_sns_topic_arn is None and s.secrets.alert_slack_webhook is None:
+        return [Problem("observability.alertSnsTopicArn", None,
+                        "no alert receiver: the GPU and training alerts fire but reach no one. Set it, or "
+                        "`pulumi config set --secret alertSlackWebhook https://hooks.slack.com/...`")]
+    return []
+
+
+WARNINGS: list[Rule] = [_open_endpoint_warning, _no_alert_receiver_warning]
+"""What preview warns about but accepts (``settings_parser.settings_warnings``)."""
 
 RULES: list[Rule] = [_network_rules, _cluster_rules, _gpu_node_rules, _job_rules, _secret_rules,
                      memory_fit.fit_problems, _observability_rules, _storage_rules]

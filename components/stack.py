@@ -80,9 +80,9 @@ def build_stack(settings: Settings) -> dict[str, object]:
                 "storage",
                 SharedStorageArgs(
                     name=settings.name,
+                    region=settings.region,
                     settings=settings.storage,
                     namespace=settings.job.namespace,
-                    cluster_name=cluster.cluster_name,
                     vpc_id=network.vpc_id,
                     gpu_subnet_ids=network.gpu_subnet_ids,
                     cluster_security_group_id=cluster.cluster_security_group_id,
@@ -96,7 +96,11 @@ def build_stack(settings: Settings) -> dict[str, object]:
         cluster = ExistingCluster(
             "cluster", ExistingClusterArgs(name=settings.cluster.existing_cluster_name, region=settings.region)
         )
-    DevicePlugins("device-plugins", DevicePluginsArgs(provider=cluster.provider))
+    DevicePlugins(
+        "device-plugins",
+        DevicePluginsArgs(provider=cluster.provider, gpu_instance_type=settings.profile.instance_type,
+                          region=settings.region),
+    )
     # Before the training job: its PodMonitor needs the monitoring CRDs (depends_on=[observability]).
     observability = None
     if settings.observability.enabled:
@@ -107,7 +111,9 @@ def build_stack(settings: Settings) -> dict[str, object]:
                 settings=settings.observability,
                 provider=cluster.provider,
                 grafana_admin_password=settings.secrets.grafana_admin_password,
+                alert_slack_webhook=settings.secrets.alert_slack_webhook,
                 system_node_selector=cluster.system_node_selector,
+                gpu_instance_type=settings.profile.instance_type,
                 eks=(
                     EksAddonTarget(cluster_name=cluster.cluster_name,
                                    kubernetes_version=settings.cluster.kubernetes_version)
@@ -136,7 +142,10 @@ def _training(
     ``monitoring``: the stack that installs the PodMonitor CRD (None: no PodMonitor);
     ``shared``: the claim for checkpoints every worker mounts (None: node-local NVMe)."""
     image = TrainingImage("training-image", TrainingImageArgs(name=settings.name))
-    operator = TrainingOperator("training-operator", TrainingOperatorArgs(provider=cluster.provider))
+    operator = TrainingOperator(
+        "training-operator",
+        TrainingOperatorArgs(provider=cluster.provider, system_node_selector=cluster.system_node_selector),
+    )
     job = TrainingJob(
         "training-job",
         TrainingJobArgs(

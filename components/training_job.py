@@ -31,6 +31,19 @@ run's own ``/fsx/runs/<run>``: a multi-node distributed checkpoint is whole only
 writes. The init container creates that directory as root and hands it to the training user (the
 file system's root belongs to root). The Hugging Face cache and the flight-recorder dumps stay on
 NVMe. The job creates the claim in its namespace (namespace, then claim, then job).
+
+**Least privilege** (``WORKER_SECURITY``, ``PREPARE_SECURITY``). The workers run as the image's
+uid 1000, never escalate, keep no capability, use the runtime's default seccomp profile and get no
+service-account token (nothing in the pod calls the Kubernetes API; rendezvous goes to etcd or
+worker 0). EFA and NCCL need no more: the device plugins put the GPUs and ``/dev/infiniband/uverbs*``
+into the container's device cgroup (their device nodes are world read-write: rdma-core's udev
+rules, NVIDIA's driver), and libfabric's large locked-memory registrations need a high
+``RLIMIT_MEMLOCK`` (awsome-distributed-ai#647: "Cannot allocate memory" at 64 KiB), which the GPU
+nodes' containerd grants every container (components/gpu_nodes.py). ``IPC_LOCK`` would not help:
+a non-root process has an empty effective capability set. The root filesystem stays writable:
+torch.compile and Triton write their caches under ``/tmp`` and ``$HOME``; uid 1000 can write only
+where the image lets it. The init container is the one exception to non-root, with two capabilities
+(``PREPARE_SECURITY``).
 """
 
 from __future__ import annotations
@@ -83,6 +96,37 @@ RUN = "@RUN@"
 """Placeholder for the run's name while the manifest is hashed."""
 RUN_LABEL = "fsdp-eks/run"
 """Pod label naming the run: how the log command finds every worker of it."""
+WORKER_SECURITY = {
+    "pod": {
+        "runAsUser": APP_UID,
+        "runAsGroup": APP_UID,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    },
+    "container": {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+    },
+}
+"""The workers' pod and ``pytorch`` container security contexts (module docstring, "Least privilege")."""
+PREPARE_SECURITY = {
+    # Root, because the directories it hands over belong to root: the kubelet creates hostPath
+    # subPaths as root and a shared file system's root is root's.
+    "runAsUser": 0,
+    "runAsNonRoot": False,
+    "allowPrivilegeEscalation": False,
+    "privileged": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {
+        "drop": ["ALL"],
+        # CHOWN: hand the run's directories to uid 1000. DAC_OVERRIDE: on a restarted pod or a later
+        # run, directories on the path may already be uid 1000's (the training process made them),
+        # where root without it is only "other". No FOWNER: nothing is chmod-ed.
+        "add": ["CHOWN", "DAC_OVERRIDE"],
+    },
+}
+"""The init container's security context: root with only what ``mkdir`` and ``chown`` need."""
 LABELS = {"app.kubernetes.io/name": "fsdp-finetune", "app.kubernetes.io/part-of": "fsdp-eks",
           "app.kubernetes.io/component": "training"}
 """On every run's pods, so one PodMonitor scrapes every run."""
@@ -171,6 +215,7 @@ def _pod_template(
         "command": training_command(job, data_dir),
         "env": _env(job, hf_secret),
         "ports": ports,
+        "securityContext": dict(WORKER_SECURITY["container"]),
         "resources": {
             "requests": {"cpu": str(CPU_PER_GPU * gpus), "memory": f"{MEMORY_GIB_PER_GPU * gpus}Gi", **devices},
             "limits": dict(devices),
@@ -191,7 +236,7 @@ def _pod_template(
             "bash", "-c",
             f"mkdir -p {' '.join(made)} && chown {APP_UID}:{APP_UID} {' '.join(owned)}",
         ],
-        "securityContext": {"runAsUser": 0, "runAsNonRoot": False},
+        "securityContext": dict(PREPARE_SECURITY),
         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
         "volumeMounts": [
             {"name": "nvme", "mountPath": NVME},
@@ -207,7 +252,9 @@ def _pod_template(
         "spec": {
             "nodeSelector": {"node.kubernetes.io/instance-type": profile.instance_type},
             "tolerations": [dict(GPU_TOLERATION)],
-            "securityContext": {"runAsUser": APP_UID, "runAsGroup": APP_UID, "runAsNonRoot": True},
+            "securityContext": dict(WORKER_SECURITY["pod"]),
+            # Nothing in the pod calls the Kubernetes API: no service-account token to steal.
+            "automountServiceAccountToken": False,
             "initContainers": [prepare],
             "containers": [container],
             "volumes": [
@@ -359,7 +406,7 @@ class TrainingJob(pulumi.ComponentResource):
                 f"{name}-etcd",
                 rendezvous.RendezvousArgs(
                     namespace=ns, provider=args.provider, node_selector=args.system_node_selector,
-                    depends_on=[self.namespace],
+                    client_labels=LABELS, depends_on=[self.namespace],
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )

@@ -7,6 +7,13 @@ No ``latest``, no ``master``, no "most recent" look-ups: a ``pulumi up`` next ye
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+CHARTS_DIR = PurePosixPath("components/charts")
+"""Vendored Helm charts, ``<chart>-<version>/`` each, relative to the project root (where
+``pulumi up`` runs); ``PROVENANCE.md`` there says where each comes from."""
+KUSTOMIZE_DIR = PurePosixPath("components/kustomize")
+"""Vendored kustomizations, relative to the project root."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -16,6 +23,15 @@ class HelmChart:
     chart: str
     version: str
     repo: str
+    """The Helm repository that publishes it (provenance; the source at deploy time when not vendored)."""
+    vendored: bool = True
+    """``pulumi up`` installs the copy in ``CHARTS_DIR/<chart>-<version>/``, the one the tests render;
+    False: it fetches the chart from ``repo`` at ``version`` (the vendored copy is incomplete)."""
+
+    @property
+    def folder(self) -> PurePosixPath:
+        """The vendored copy, relative to the project root."""
+        return CHARTS_DIR / f"{self.chart}-{self.version}"
 
 
 # Kubernetes minor versions the add-on pins below were chosen for. A stack asking for another
@@ -29,6 +45,8 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
     # v1.4.2-eksbuild.1 and 1.35's v1.6.2-eksbuild.1 in the public Terraform environment
     # file of the UK MoJ Analytical Platform's clusters at those versions. The agent reads node
     # logs and is not tied to a Kubernetes minor, but EKS lists its builds per version.
+    # For a 1.35 row: v1.6.2-eksbuild.1 (same source); for 1.36 none was found: the 1.35 build
+    # or newer is inferred, to check with describe-addon-versions.
     "1.33": {
         # vpc-cni >= v1.18.4 is needed for `efa-only` network interfaces.
         "vpc-cni": "v1.20.1-eksbuild.3",
@@ -55,14 +73,20 @@ DEFAULT_KUBERNETES_VERSION = "1.33"
 # Observability (components/observability.py).
 KUBE_PROMETHEUS_STACK = HelmChart(
     chart="kube-prometheus-stack",
-    version="91.2.1",
+    version="88.5.3",
     repo="https://prometheus-community.github.io/helm-charts",
+    vendored=False,
 )
+"""The newest release whose source could be vendored (91.2.1 could not). Installed from the
+repository: the vendored copy lacks the four subcharts (grafana, kube-state-metrics, node and
+windows exporters) that the upstream .gitignore keeps out of git; components/charts/PROVENANCE.md."""
 DCGM_EXPORTER = HelmChart(
     chart="dcgm-exporter",
-    version="4.8.3",
+    version="4.8.2",
     repo="https://nvidia.github.io/dcgm-exporter/helm-charts",
 )
+"""4.8.2 is vendored exactly (its package digest matches the repository index); 4.8.3 exists only
+as a reconstruction."""
 DEBUG_TOOLS_IMAGE = "nvidia/cuda:12.8.1-base-ubuntu22.04"
 """htop/nvtop DaemonSet: CUDA's base image (Ubuntu 22.04 with universe, where nvtop lives); the
 tools are apt-installed when the pod starts. No maintained public image ships nvtop."""
@@ -77,6 +101,47 @@ EFA_DEVICE_PLUGIN = HelmChart(
     version="v0.5.18",
     repo="https://aws.github.io/eks-charts",
 )
+"""The newest chart vendored. Its default image is plugin v0.5.10 in us-west-2: the values
+override both with ``EFA_DEVICE_PLUGIN_IMAGE_TAG`` from the stack's region (``eks_image_registry``)."""
+EFA_DEVICE_PLUGIN_IMAGE_TAG = "v0.5.20"
+"""The plugin image that chart v0.5.30 ships (its appVersion, 2026-08-01, as quoted from
+aws/eks-charts ``stable/aws-efa-k8s-device-plugin/Chart.yaml``); chart v0.5.26 shipped v0.5.18.
+Not verified here: that the image is in every regional registry, and that the v0.5.18 chart's
+DaemonSet (arguments, security context, mounts) suits it as well as the v0.5.30 chart's."""
+
+EKS_IMAGE_REGISTRY_ACCOUNT = "602401143452"
+"""The account of the regional ECR registries with the images of EKS add-ons, in most regions.
+Source: EKS user guide, "View Amazon container image registries for Amazon EKS add-ons"
+(add-ons-images.html)."""
+EKS_IMAGE_REGISTRY_ACCOUNTS: dict[str, str] = {
+    **dict.fromkeys(
+        ("us-east-1", "us-east-2", "us-west-1", "us-west-2", "ca-central-1", "sa-east-1", "eu-west-1",
+         "eu-west-2", "eu-west-3", "eu-central-1", "eu-north-1", "ap-south-1", "ap-northeast-1",
+         "ap-northeast-2", "ap-northeast-3", "ap-southeast-1", "ap-southeast-2"),
+        EKS_IMAGE_REGISTRY_ACCOUNT,
+    ),
+    # Regions with their own account (same page).
+    "af-south-1": "877085696533",
+    "ap-east-1": "800184023465",
+    "ap-south-2": "900889452093",
+    "ap-southeast-3": "296578399912",
+    "ap-southeast-4": "491585149902",
+    "ap-southeast-5": "151610086707",
+    "ap-southeast-6": "333609536671",
+    "ap-southeast-7": "121268973566",
+}
+"""Region -> account of its EKS add-on image registry; a region not listed here has not been
+checked against the guide's table (add its row from there)."""
+
+
+def eks_image_registry(region: str) -> str:
+    """The ECR registry that serves EKS add-on images to nodes in ``region``."""
+    if region not in EKS_IMAGE_REGISTRY_ACCOUNTS:
+        raise ValueError(
+            f"no EKS image registry known for region {region}: add its account to "
+            "EKS_IMAGE_REGISTRY_ACCOUNTS in components/versions.py (EKS user guide, add-ons-images)"
+        )
+    return f"{EKS_IMAGE_REGISTRY_ACCOUNTS[region]}.dkr.ecr.{region}.amazonaws.com"
 
 # Shared storage (components/storage.py).
 FSX_CSI_DRIVER = HelmChart(
@@ -105,13 +170,17 @@ ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"
 TRAINING_OPERATOR_REF = "v1.9.4"
 """Kubeflow Training Operator v1 (PyTorchJob ``kubeflow.org/v1``): newest release of release-1.9.
 Trainer v2 (TrainJob) has no elastic policy and no etcd rendezvous."""
-TRAINING_OPERATOR_MANIFESTS = (
-    "https://github.com/kubeflow/trainer.git//manifests/overlays/standalone"
-    f"?ref={TRAINING_OPERATOR_REF}"
-)
-"""Its standalone kustomize overlay at that tag, in kustomize's remote form (``repo//dir?ref=``):
-the ``/tree/<ref>/`` form is not a kustomize remote and fails to load (pulumi-kubernetes #3358).
-The repository was renamed from kubeflow/training-operator; the tag is the same."""
+TRAINING_OPERATOR_MANIFESTS = KUSTOMIZE_DIR / f"training-operator-{TRAINING_OPERATOR_REF}" / "manifests"
+"""Its manifests at that tag (kubeflow/trainer, formerly kubeflow/training-operator), vendored:
+``overlays/standalone`` is the upstream overlay; ``pulumi up`` needs no git or GitHub."""
+TRAINING_OPERATOR_OVERLAYS: dict[str, PurePosixPath] = {
+    "standalone": TRAINING_OPERATOR_MANIFESTS / "overlays" / "standalone",
+    "system-nodes": KUSTOMIZE_DIR / "training-operator-system-nodes",
+}
+"""The overlay the stack applies: ``system-nodes`` (ours: the standalone overlay with the system
+node selector) on a cluster this stack creates, ``standalone`` on an existing cluster."""
+TRAINING_OPERATOR_IMAGE = "ghcr.io/kubeflow/training-v1/training-operator:v1-93c5489"
+"""The operator image the v1.9.4 standalone overlay sets (its ``images:`` entry); a test checks."""
 
 TRAINING_IMAGE_BUILD_ARGS: dict[str, str] = {
     # CUDA 13.0 userspace: needs the R580+ driver of the EKS AL2023 NVIDIA AMI.

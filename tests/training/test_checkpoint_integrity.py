@@ -67,7 +67,7 @@ def _saved(root: Path, env, steps=(2, 4), async_save=False) -> dict[int, list[to
 
 
 def _shard(path: Path) -> Path:
-    return sorted(path.glob("__0_*.distcp"))[0]
+    return min(path.glob("__0_*.distcp"))
 
 
 def _flip_a_byte(file: Path) -> None:

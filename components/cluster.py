@@ -99,6 +99,12 @@ class EksCluster(pulumi.ComponentResource):
         self.coredns = self._addon(
             f"{name}-coredns", args, "coredns", pulumi.ResourceOptions(parent=self, depends_on=[self.eks, self.system_nodes])
         )
+        # Its DaemonSet needs nodes to run on, or the add-on never turns ACTIVE: after the
+        # system nodes; GPU nodes, which start alongside, get its DaemonSet as they join.
+        self.node_monitoring_agent = self._addon(
+            f"{name}-node-monitoring-agent", args, "eks-node-monitoring-agent",
+            pulumi.ResourceOptions(parent=self, depends_on=[self.eks, self.system_nodes]),
+        )
         self.ready: list[pulumi.Resource] = [self.pod_identity_agent, self.system_nodes, self.coredns]
         """What in-cluster workloads wait for: nodes to run on, cluster DNS and Pod Identity credentials."""
         self.system_node_selector = SYSTEM_NODE_LABEL

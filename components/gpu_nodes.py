@@ -236,8 +236,23 @@ class GpuNodeGroup(pulumi.ComponentResource):
             taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT["key"], value=GPU_TAINT["value"], effect="NO_SCHEDULE")],
             # Replacing a reserved GPU node costs hours of training: one at a time.
             update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
+            node_repair_config=node_repair_config(s.auto_repair),
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.can_join)),
         )
+
+
+def node_repair_config(enabled: bool) -> aws.eks.NodeGroupNodeRepairConfigArgs:
+    """EKS node auto repair of the GPU group, with EKS's own thresholds and delays.
+
+    A node whose ``AcceleratedHardwareReady`` condition (set by the node monitoring agent from
+    NVIDIA Xid and NVLink errors in the kernel log) stays false is rebooted or replaced after
+    10 minutes; ``NetworkingReady`` (EFA, interfaces), ``KernelReady``, ``StorageReady`` and
+    the kubelet's ``Ready`` after 30 minutes (EKS user guide, "Automatically repair nodes in EKS
+    clusters", node-repair.html). EKS stops repairing while more than 20 % of a group of more
+    than five nodes is unhealthy, so a fleet-wide fault is not "repaired" node by node.
+    The API's default is off (API_NodeRepairConfig.html).
+    """
+    return aws.eks.NodeGroupNodeRepairConfigArgs(enabled=enabled)
 
 
 GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}

@@ -107,6 +107,9 @@ class GpuNodeSettings:
     """Root EBS volume; container images of CUDA stacks are large."""
     secondary_interface_type: SecondaryInterfaceType = "efa-only"
     """Interface type of network cards 1..N: ``efa-only`` saves IPs (VPC CNI >= 1.18.4)."""
+    auto_repair: bool = True
+    """EKS node auto repair: replace (or reboot) a GPU node that the node monitoring agent or
+    the kubelet reports unhealthy (GPU Xid/NVLink errors, EFA, kernel, disk, NotReady)."""
 
     @property
     def placement_group(self) -> bool:

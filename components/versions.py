@@ -42,6 +42,12 @@ class HelmChart:
 EKS_ADDONS: dict[str, dict[str, str]] = {
     # 1.33 and 1.34: the AWS EKS user guide's per-version tables (coredns, kube-proxy,
     # vpc-cni); the others from pins used for these versions in public EKS repositories.
+    # eks-node-monitoring-agent (the node health checks behind GPU-node auto repair): 1.33's
+    # v1.4.0-eksbuild.2 beside kube-proxy v1.33.3 in a public EKS Terraform stack; 1.34's
+    # v1.4.2-eksbuild.1 and 1.35's v1.6.2-eksbuild.1 in the public Terraform environment
+    # file of the UK MoJ Analytical Platform's clusters at those versions. The agent reads node
+    # logs and is not tied to a Kubernetes minor, but EKS lists its builds per version.
+    # For 1.36 none was found: the 1.35 build is inferred, to check with describe-addon-versions.
     "1.33": {
         # vpc-cni >= v1.18.4 is needed for `efa-only` network interfaces.
         "vpc-cni": "v1.20.1-eksbuild.3",
@@ -50,6 +56,7 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
         "eks-pod-identity-agent": "v1.3.10-eksbuild.1",
         "aws-ebs-csi-driver": "v1.53.0-eksbuild.1",
         "amazon-cloudwatch-observability": "v4.7.0-eksbuild.1",
+        "eks-node-monitoring-agent": "v1.4.0-eksbuild.2",
     },
     "1.34": {
         "vpc-cni": "v1.21.1-eksbuild.1",
@@ -58,6 +65,7 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
         "eks-pod-identity-agent": "v1.3.10-eksbuild.1",
         "aws-ebs-csi-driver": "v1.53.0-eksbuild.1",
         "amazon-cloudwatch-observability": "v5.0.0-eksbuild.1",
+        "eks-node-monitoring-agent": "v1.4.2-eksbuild.1",
     },
     # 1.35: every pin as a public Terraform configuration of an EKS 1.35 cluster pins it
     # (eks_addons of a 1.35 cluster, 2026): not read from the EKS add-on version tables, whose
@@ -69,6 +77,7 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
         "eks-pod-identity-agent": "v1.3.10-eksbuild.3",
         "aws-ebs-csi-driver": "v1.57.1-eksbuild.1",
         "amazon-cloudwatch-observability": "v5.3.0-eksbuild.1",
+        "eks-node-monitoring-agent": "v1.6.2-eksbuild.1",
     },
     # 1.36: vpc-cni, coredns, kube-proxy, pod identity agent and EBS CSI as a public Terraform
     # module pins them for an EKS 1.36 cluster (eks_version "1.36", 2026); CloudWatch: the
@@ -81,6 +90,7 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
         "eks-pod-identity-agent": "v1.3.10-eksbuild.3",
         "aws-ebs-csi-driver": "v1.63.1-eksbuild.1",
         "amazon-cloudwatch-observability": "v5.3.0-eksbuild.1",
+        "eks-node-monitoring-agent": "v1.6.2-eksbuild.1",
     },
 }
 SUPPORTED_KUBERNETES_VERSIONS: tuple[str, ...] = tuple(EKS_ADDONS)

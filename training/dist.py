@@ -106,8 +106,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed() -> DistEnv:
-    """Join the job's process group: NCCL on CUDA (plus gloo for CPU tensors), gloo on CPU."""
+def init_distributed(timeout_s: float | None = None) -> DistEnv:
+    """Join the job's process group: NCCL on CUDA (plus gloo for CPU tensors), gloo on CPU.
+
+    ``timeout_s`` (``--collective-timeout-s``) bounds every collective of the default group:
+    a rank that stops answering (a hung GPU, a SIGSTOPped or lost peer) makes the others raise
+    after it, so the worker exits and torchrun restarts the group. gloo enforces it itself; on
+    NCCL the watchdog enforces it, and tears the process down with
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` (the PyTorchJob sets it, and sets
+    ``TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`` to the same value: components/training_job.py).
+    None: torch's defaults (10 min NCCL, 30 min gloo).
+    """
     if "RANK" not in os.environ:  # plain `python -m training.finetune`: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
@@ -116,14 +125,15 @@ def init_distributed() -> DistEnv:
             and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0):
         logging.getLogger(__name__).warning(SHARED_STORE_WARNING)
     local_rank = int(os.environ["LOCAL_RANK"])
+    timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=device)
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=device, timeout=timeout)
     else:
         device = torch.device("cpu")
-        dist.init_process_group(backend="gloo")
+        dist.init_process_group(backend="gloo", timeout=timeout)
     slow = dist.new_group(backend="gloo", timeout=SLOW_COLLECTIVE_TIMEOUT)
     return DistEnv(rank=rank, world_size=world, local_rank=local_rank,
                    local_world_size=local_world, device=device, slow_group=slow)

@@ -237,13 +237,14 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
     state = TrainerState(scheduler)
     torch.manual_seed(cfg.train.seed)  # identical RNG on every rank from here on
 
-    ckpt = (Checkpointer(cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep_checkpoints, env)
+    ckpt = (Checkpointer(cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep_checkpoints, env,
+                         async_save=cfg.checkpoint.async_checkpoint,
+                         timeout_s=cfg.parallel.collective_timeout_s)
             if cfg.checkpoint.checkpoint_dir else None)
     if ckpt is None:
         log.warning("no --checkpoint-dir: a failure loses all progress of this run")
-    latest = ckpt.latest() if ckpt else None
+    latest = ckpt.resume(model, optimizer, state) if ckpt else None
     if latest is not None:
-        ckpt.load(latest, model, optimizer, state)
         log.info("resumed from %s (step %d, epoch %d)", latest, state.step, state.epoch)
     remaining = sampler.remaining_steps(state.epoch, state.offset, cfg.train.epochs)
     total = state.step + remaining
@@ -274,6 +275,8 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
         exit_after = int(os.environ.get(TEST_EXIT_AFTER_STEP_ENV, "0"))
 
         for step in range(state.step + 1, total + 1):
+            if ckpt:
+                ckpt.poll()  # completes a background save once every rank has written it
             started = time.perf_counter()
             lr = optimizer.param_groups[0]["lr"]
             loss, grad_norm = (float(t) for t in train_step(
@@ -299,10 +302,14 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
             if delay:
                 time.sleep(delay)
             if step == exit_after:
+                if ckpt:
+                    ckpt.close()
                 log.warning("test hook %s: stopping after step %d", TEST_EXIT_AFTER_STEP_ENV,
                             step)
                 return {}
 
+        if ckpt:
+            ckpt.close()  # the last checkpoint is complete before the export and the exit
         if cfg.checkpoint.output_dir:
             export_hf(model, tokenizer, cfg.checkpoint.output_dir,
                       DTYPES[cfg.checkpoint.export_dtype], env)
@@ -362,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {memlock}", file=sys.stderr)
         return 1
     set_runtime_defaults(cfg)
-    env = init_distributed()
+    env = init_distributed(cfg.parallel.collective_timeout_s)
     _setup_logging(env)
     try:
         run(cfg, env)

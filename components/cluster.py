@@ -16,6 +16,7 @@ import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
 from components import versions
+from components.node_metadata import metadata_options
 from components.settings import ClusterSettings
 
 SYSTEM_NODE_LABEL = {"fsdp-eks/node-role": "system"}
@@ -28,6 +29,40 @@ NODE_ROLE_POLICIES = {
     # Session Manager instead of SSH keys for debugging a node.
     "ssm": "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
 }
+
+ACCESS_POLICIES = {
+    "admin": "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy",
+    "viewer": "arn:aws:eks::aws:cluster-access-policy/AmazonEKSViewPolicy",
+}
+"""EKS access policies of ``cluster.adminRoleArns`` and ``cluster.viewerRoleArns`` (EKS user guide,
+"Associate access policies with access entries"), cluster-wide."""
+
+
+def access_grants(settings: ClusterSettings) -> dict[str, tuple[str, str]]:
+    """Stable key (``admin-<role name>``) -> (role ARN, access policy ARN) of every access entry."""
+    grants = {}
+    for kind, arns in (("admin", settings.admin_role_arns), ("viewer", settings.viewer_role_arns)):
+        for arn in arns:
+            # The role's name (last path element) is unique within an account; the account id and
+            # the kind keep it unique across the two lists and accounts.
+            account, role = arn.split(":")[4], arn.rsplit("/", 1)[-1]
+            grants[f"{kind}-{account}-{role}"] = (arn, ACCESS_POLICIES[kind])
+    return grants
+
+
+def endpoint_access(settings: ClusterSettings) -> dict:
+    """``eks.Cluster`` endpoint inputs: private always; public only when asked, only for the CIDRs."""
+    if not settings.endpoint_public_access:
+        return {"endpoint_private_access": True, "endpoint_public_access": False}
+    return {"endpoint_private_access": True, "endpoint_public_access": True,
+            "public_access_cidrs": list(settings.public_access_cidrs)}
+
+
+def vpc_cni_options(addon_version: str) -> eks.VpcCniOptionsArgs:
+    """The VPC CNI add-on with NetworkPolicy enforcement on (its network policy agent, VPC CNI >=
+    1.14), so the etcd NetworkPolicy (components/rendezvous.py) is enforced, not just stored.
+    Kubelet probes from the node's own IP stay allowed (aws-network-policy-agent#56, fixed in 1.15.1)."""
+    return eks.VpcCniOptionsArgs(addon_version=addon_version, configuration_values={"enableNetworkPolicy": "true"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,19 +83,30 @@ class EksCluster(pulumi.ComponentResource):
     def __init__(self, name: str, args: EksClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("fsdp-eks:cluster:EksCluster", name, None, opts)
         self.cluster_name = args.name
-        self.node_role = self._node_role(name)
+        self.node_role, self.node_role_policies = self._node_role(name)
+        self.log_group = self._log_group(name, args)
         self.eks = self._control_plane(name, args)
+        self.nodes_can_join: list[pulumi.Resource] = [self.eks, *self.node_role_policies]
+        """What a node group waits for: the cluster, and its node role with every policy attached
+        (a node that boots before the CNI and worker policies are attached never joins)."""
         after_cluster = pulumi.ResourceOptions(parent=self, depends_on=[self.eks])
-        self.pod_identity_agent = aws.eks.Addon(
-            f"{name}-pod-identity-agent",
-            cluster_name=args.name,
-            addon_name="eks-pod-identity-agent",
-            addon_version=versions.EKS_ADDONS[args.settings.kubernetes_version]["eks-pod-identity-agent"],
-            opts=after_cluster,
+        self.access_entries = self._access_entries(name, args, after_cluster)
+        self.pod_identity_agent = self._addon(f"{name}-pod-identity-agent", args, "eks-pod-identity-agent", after_cluster)
+        self.system_launch_template = self._system_launch_template(name)
+        self.system_nodes = self._system_nodes(
+            name, args, pulumi.ResourceOptions(parent=self, depends_on=self.nodes_can_join)
         )
-        self.system_nodes = self._system_nodes(name, args, after_cluster)
-        self.ready: list[pulumi.Resource] = [self.pod_identity_agent, self.system_nodes]
-        """What in-cluster workloads wait for: nodes to run on and Pod Identity credentials."""
+        self.coredns = self._addon(
+            f"{name}-coredns", args, "coredns", pulumi.ResourceOptions(parent=self, depends_on=[self.eks, self.system_nodes])
+        )
+        # Its DaemonSet needs nodes to run on, or the add-on never turns ACTIVE: after the
+        # system nodes; GPU nodes, which start alongside, get its DaemonSet as they join.
+        self.node_monitoring_agent = self._addon(
+            f"{name}-node-monitoring-agent", args, "eks-node-monitoring-agent",
+            pulumi.ResourceOptions(parent=self, depends_on=[self.eks, self.system_nodes]),
+        )
+        self.ready: list[pulumi.Resource] = [self.pod_identity_agent, self.system_nodes, self.coredns]
+        """What in-cluster workloads wait for: nodes to run on, cluster DNS and Pod Identity credentials."""
         self.system_node_selector = SYSTEM_NODE_LABEL
         """Node selector of etcd, the operator and monitoring: our system nodes carry it."""
         self.cluster_security_group_id = self.eks.cluster_security_group_id
@@ -77,10 +123,34 @@ class EksCluster(pulumi.ComponentResource):
                 "kubeconfig": self.kubeconfig,
                 "cluster_security_group_id": self.cluster_security_group_id,
                 "node_role_arn": self.node_role.arn,
+                "log_group": self.log_group.name,
             }
         )
 
-    def _node_role(self, name: str) -> aws.iam.Role:
+    @staticmethod
+    def _addon(resource_name: str, args: EksClusterArgs, addon: str, opts: pulumi.ResourceOptions) -> aws.eks.Addon:
+        """A core EKS add-on at the pinned version of the cluster's Kubernetes version."""
+        return aws.eks.Addon(
+            resource_name,
+            cluster_name=args.name,
+            addon_name=addon,
+            addon_version=versions.EKS_ADDONS[args.settings.kubernetes_version][addon],
+            opts=opts,
+        )
+
+    def _log_group(self, name: str, args: EksClusterArgs) -> aws.cloudwatch.LogGroup:
+        """The control plane's log group, created before the cluster so that it has a retention
+        and ``pulumi destroy`` deletes it. With logging on, EKS otherwise creates
+        ``/aws/eks/<cluster>/cluster`` itself, never expiring and unknown to the stack (EKS user
+        guide, "Send control plane logs to CloudWatch Logs")."""
+        return aws.cloudwatch.LogGroup(
+            f"{name}-control-plane-logs",
+            name=f"/aws/eks/{args.name}/cluster",
+            retention_in_days=args.settings.log_retention_days,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    def _node_role(self, name: str) -> tuple[aws.iam.Role, list[aws.iam.RolePolicyAttachment]]:
         role = aws.iam.Role(
             f"{name}-node-role",
             assume_role_policy=json.dumps(
@@ -97,11 +167,13 @@ class EksCluster(pulumi.ComponentResource):
             ),
             opts=pulumi.ResourceOptions(parent=self),
         )
-        for key, arn in NODE_ROLE_POLICIES.items():
+        attachments = [
             aws.iam.RolePolicyAttachment(
                 f"{name}-node-role-{key}", role=role.name, policy_arn=arn, opts=pulumi.ResourceOptions(parent=role)
             )
-        return role
+            for key, arn in NODE_ROLE_POLICIES.items()
+        ]
+        return role, attachments
 
     def _control_plane(self, name: str, args: EksClusterArgs) -> eks.Cluster:
         s = args.settings
@@ -119,13 +191,48 @@ class EksCluster(pulumi.ComponentResource):
             # Use the EKS-created cluster security group: the GPU launch template puts it on
             # every network interface, which is what lets the nodes join.
             skip_default_security_groups=True,
-            endpoint_private_access=True,
-            endpoint_public_access=True,
-            public_access_cidrs=list(s.public_access_cidrs),
+            **endpoint_access(s),
             enabled_cluster_log_types=["api", "audit", "authenticator"],
-            vpc_cni_options=eks.VpcCniOptionsArgs(addon_version=addons["vpc-cni"]),
-            coredns_addon_options=eks.CoreDnsAddonOptionsArgs(version=addons["coredns"]),
+            # pulumi-eks defaults the upgrade policy to EXTENDED (about 6x the control-plane price
+            # once the version leaves standard support).
+            upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type=s.support_type),
+            vpc_cni_options=vpc_cni_options(addons["vpc-cni"]),
+            # Off here, created by us after the system nodes (self.coredns): the SDK fills in
+            # enabled=True, and pulumi-eks then creates the add-on inside the cluster component,
+            # before any node exists; its pods stay Pending, the add-on DEGRADED, and aws:eks:Addon
+            # fails after its 20-minute wait (pulumi/pulumi-eks#1819). kube-proxy and the VPC CNI
+            # are DaemonSets: with no node they are healthy at zero pods.
+            coredns_addon_options=eks.CoreDnsAddonOptionsArgs(enabled=False),
             kube_proxy_addon_options=eks.KubeProxyAddonOptionsArgs(version=addons["kube-proxy"]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.log_group]),
+        )
+
+    def _access_entries(
+        self, name: str, args: EksClusterArgs, opts: pulumi.ResourceOptions
+    ) -> list[aws.eks.AccessPolicyAssociation]:
+        """``cluster.adminRoleArns`` / ``viewerRoleArns``: an access entry and a cluster-wide access
+        policy each, so more than the identity that ran ``pulumi up`` can reach the cluster."""
+        associations = []
+        for key, (role_arn, policy_arn) in access_grants(args.settings).items():
+            entry = aws.eks.AccessEntry(
+                f"{name}-access-{key}", cluster_name=args.name, principal_arn=role_arn, type="STANDARD", opts=opts
+            )
+            associations.append(aws.eks.AccessPolicyAssociation(
+                f"{name}-access-{key}-policy",
+                cluster_name=args.name,
+                principal_arn=entry.principal_arn,
+                policy_arn=policy_arn,
+                access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"),
+                opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[entry])),
+            ))
+        return associations
+
+    def _system_launch_template(self, name: str) -> aws.ec2.LaunchTemplate:
+        """Only the metadata options: IMDSv2 with one hop, as on the GPU nodes (node_metadata.py)."""
+        return aws.ec2.LaunchTemplate(
+            f"{name}-system-lt",
+            description="fsdp-eks system nodes: IMDSv2, hop limit 1",
+            metadata_options=metadata_options(),
             opts=pulumi.ResourceOptions(parent=self),
         )
 
@@ -143,6 +250,9 @@ class EksCluster(pulumi.ComponentResource):
                 min_size=size.min_size, desired_size=size.desired_size, max_size=size.max_size
             ),
             labels=SYSTEM_NODE_LABEL,
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                id=self.system_launch_template.id, version=self.system_launch_template.latest_version.apply(str)
+            ),
             opts=opts,
         )
 

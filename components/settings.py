@@ -18,10 +18,13 @@ from training import config as training_config
 from training.config import JobConfig
 
 NAMESPACE = "fsdp-eks"
-SECRET_KEYS = ("hfToken", "grafanaAdminPassword")
+SECRET_KEYS = ("hfToken", "grafanaAdminPassword", "alertSlackWebhook")
+"""Top-level keys: Pulumi.yaml declares each ``secret: true`` (a declaration covers a whole key, so a
+secret never sits inside a section, where it would turn the section secret or stay plain text)."""
 
 RdzvBackend = Literal["etcd", "etcd-v2", "c10d"]
 SecondaryInterfaceType = Literal["efa", "efa-only"]
+SupportType = Literal["STANDARD", "EXTENDED"]
 
 
 # --------------------------------------------------------------------------- the settings types
@@ -71,6 +74,18 @@ class ClusterSettings:
     """Sizes of the system node group."""
     public_access_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
     """CIDRs allowed to reach the public Kubernetes API endpoint."""
+    endpoint_public_access: bool = True
+    """Serve the Kubernetes API on a public endpoint (limited to ``public_access_cidrs``); false: the
+    private endpoint only, reachable from inside the VPC (README, "Security")."""
+    admin_role_arns: tuple[str, ...] = ()
+    """IAM roles given cluster-admin (EKS access entries, ``AmazonEKSClusterAdminPolicy``)."""
+    viewer_role_arns: tuple[str, ...] = ()
+    """IAM roles given read-only access to the cluster (EKS access entries, ``AmazonEKSViewPolicy``)."""
+    support_type: SupportType = "STANDARD"
+    """EKS upgrade policy at the end of standard support: ``STANDARD`` (EKS upgrades the cluster)
+    or ``EXTENDED`` (stays, at about 6x the control-plane price). pulumi-eks defaults to EXTENDED."""
+    log_retention_days: int = 30
+    """Days CloudWatch keeps the control-plane logs (``/aws/eks/<cluster>/cluster``); 0 keeps them forever."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +108,9 @@ class GpuNodeSettings:
     """Root EBS volume; container images of CUDA stacks are large."""
     secondary_interface_type: SecondaryInterfaceType = "efa-only"
     """Interface type of network cards 1..N: ``efa-only`` saves IPs (VPC CNI >= 1.18.4)."""
+    auto_repair: bool = True
+    """EKS node auto repair: replace (or reboot) a GPU node that the node monitoring agent or
+    the kubelet reports unhealthy (GPU Xid/NVLink errors, EFA, kernel, disk, NotReady)."""
 
     @property
     def placement_group(self) -> bool:
@@ -190,6 +208,9 @@ class ObservabilitySettings:
     """Also install the amazon-cloudwatch-observability add-on (its own DCGM exporter stays off)."""
     debug_tools: bool = False
     """Run an htop/nvtop DaemonSet on the GPU nodes."""
+    alert_sns_topic_arn: str | None = None
+    """Send the GPU and training alerts to this SNS topic (Alertmanager publishes through EKS Pod
+    Identity, ``sns:Publish`` on this topic only). The Slack webhook is the secret ``alertSlackWebhook``."""
 
 
 FSX_THROUGHPUTS_PER_TIB = (125, 250, 500, 1000)
@@ -228,6 +249,8 @@ class Secrets:
     """``pulumi.Output[str]`` of the Hugging Face token, or None."""
     grafana_admin_password: Any = None
     """``pulumi.Output[str]`` of Grafana's admin password, or None."""
+    alert_slack_webhook: Any = None
+    """``pulumi.Output[str]`` of the Slack incoming-webhook URL the alerts go to, or None."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,7 +305,9 @@ class Problem:
     fix: str
 
     def __str__(self) -> str:
-        return f"{NAMESPACE}:{self.key} = {self.value!r}: {self.fix}"
+        # A key in parentheses is not a config key (the stack's name): no namespace before it.
+        key = self.key if self.key.startswith("(") else f"{NAMESPACE}:{self.key}"
+        return f"{key} = {self.value!r}: {self.fix}"
 
 
 class SettingsError(ValueError):

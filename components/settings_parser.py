@@ -37,7 +37,7 @@ from components.settings import (
     SettingsError,
     training_defaults,
 )
-from components.settings_rules import RULES
+from components.settings_rules import RULES, WARNINGS
 from training import config as training_config
 
 UNITS = {"gib": "GiB", "tib": "TiB"}
@@ -180,6 +180,37 @@ def _parse_job(raw: Any, problems: list[Problem]) -> JobSettings | None:
     return None if job is None or training is None else dataclasses.replace(job, training=training)
 
 
+MISPLACED_SECRETS = {"observability": {"alertSlackWebhook": "alertSlackWebhook"}}
+"""Secrets a user may put inside a section, where they would be plain text: section -> key -> the
+top-level secret key to use instead."""
+
+
+def _misplaced_secrets(raw: Mapping[str, Any]) -> list[Problem]:
+    """A secret written into a section (plain text in the stack file): refused, naming the secret key.
+
+    The key is dropped from the section by ``_without_misplaced_secrets`` so the rest still parses.
+    """
+    return [
+        Problem(f"{section}.{key}", "(not shown)",
+                f"a secret: remove it from the stack file and run `pulumi config set --secret {secret} <value>`")
+        for section, keys in MISPLACED_SECRETS.items() if isinstance(raw.get(section), Mapping)
+        for key, secret in keys.items() if key in raw[section]
+    ]
+
+
+def _without_misplaced_secrets(raw: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        section: ({k: v for k, v in value.items() if k not in MISPLACED_SECRETS.get(section, {})}
+                  if isinstance(value, Mapping) else value)
+        for section, value in raw.items()
+    }
+
+
+def settings_warnings(settings: Settings) -> list[Problem]:
+    """What preview warns about without refusing the stack (``settings_rules.WARNINGS``)."""
+    return [w for rule in WARNINGS for w in rule(settings)]
+
+
 def parse_settings(
     raw: Mapping[str, Any],
     *,
@@ -192,7 +223,8 @@ def parse_settings(
 
     Raises ``SettingsError`` listing every problem found: parsing and validation both.
     """
-    problems: list[Problem] = []
+    problems: list[Problem] = _misplaced_secrets(raw)
+    raw = _without_misplaced_secrets(raw)
     for key in raw:
         if key not in SECTIONS and key not in SCALAR_KEYS and key not in SECRET_KEYS:
             known = ", ".join([*SCALAR_KEYS, *SECTIONS, *SECRET_KEYS])
@@ -257,8 +289,12 @@ def load_settings() -> Settings:
     secrets = Secrets(
         hf_token=config.get_secret("hfToken"),
         grafana_admin_password=config.get_secret("grafanaAdminPassword"),
+        alert_slack_webhook=config.get_secret("alertSlackWebhook"),
     )
     region = pulumi.Config("aws").get("region") or ""
-    return parse_settings(
+    settings = parse_settings(
         raw, project=pulumi.get_project(), stack=pulumi.get_stack(), region=region, secrets=secrets
     )
+    for warning in settings_warnings(settings):
+        pulumi.log.warn(str(warning))
+    return settings

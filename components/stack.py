@@ -14,6 +14,7 @@ from components.device_plugins import DevicePlugins, DevicePluginsArgs
 from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
 from components.network import Network, NetworkArgs
 from components.observability import EksAddonTarget, Observability, ObservabilityArgs
+from components.preflight import preflight
 from components.registry import TrainingImage, TrainingImageArgs
 from components.settings import Settings
 from components.settings_parser import load_settings
@@ -33,8 +34,14 @@ def gpu_nodes_command(profile_instance_type: str) -> str:
 
 
 def build_stack(settings: Settings) -> dict[str, object]:
-    """Create every component for ``settings`` and return the stack outputs."""
+    """Check ``settings`` against the account (``preflight``: zones, instance offerings), then
+    create every component and return the stack outputs.
+
+    Ordering: every in-cluster layer waits for the nodes its pods need (``cluster.ready``: the
+    system nodes, CoreDNS, the Pod Identity agent; the device plugins also for the GPU nodes)."""
+    preflight(settings)
     outputs: dict[str, object] = {}
+    gpu_nodes: list[pulumi.Resource] = []
     # Where the job's checkpoints go: a claim every worker mounts, or (None) each node's NVMe.
     shared = None if settings.storage.existing_claim_name is None else SharedClaim(
         name=settings.storage.existing_claim_name
@@ -71,18 +78,21 @@ def build_stack(settings: Settings) -> dict[str, object]:
                 cluster_security_group_id=cluster.cluster_security_group_id,
                 node_role_arn=cluster.node_role.arn,
                 lustre_client=settings.storage.fsx,
+                # Not the whole cluster: the GPU nodes start beside the system nodes, not after
+                # CoreDNS (which waits for the system nodes).
+                can_join=cluster.nodes_can_join,
             ),
-            opts=pulumi.ResourceOptions(depends_on=[cluster]),
         )
+        gpu_nodes = [gpu.node_group]
         outputs["gpu_node_group"] = gpu.node_group_name
         if settings.storage.fsx:
             storage = SharedStorage(
                 "storage",
                 SharedStorageArgs(
                     name=settings.name,
+                    region=settings.region,
                     settings=settings.storage,
                     namespace=settings.job.namespace,
-                    cluster_name=cluster.cluster_name,
                     vpc_id=network.vpc_id,
                     gpu_subnet_ids=network.gpu_subnet_ids,
                     cluster_security_group_id=cluster.cluster_security_group_id,
@@ -96,7 +106,11 @@ def build_stack(settings: Settings) -> dict[str, object]:
         cluster = ExistingCluster(
             "cluster", ExistingClusterArgs(name=settings.cluster.existing_cluster_name, region=settings.region)
         )
-    DevicePlugins("device-plugins", DevicePluginsArgs(provider=cluster.provider))
+    DevicePlugins(
+        "device-plugins",
+        DevicePluginsArgs(provider=cluster.provider, gpu_instance_type=settings.profile.instance_type,
+                          region=settings.region, ready=[*cluster.ready, *gpu_nodes]),
+    )
     # Before the training job: its PodMonitor needs the monitoring CRDs (depends_on=[observability]).
     observability = None
     if settings.observability.enabled:
@@ -107,7 +121,9 @@ def build_stack(settings: Settings) -> dict[str, object]:
                 settings=settings.observability,
                 provider=cluster.provider,
                 grafana_admin_password=settings.secrets.grafana_admin_password,
+                alert_slack_webhook=settings.secrets.alert_slack_webhook,
                 system_node_selector=cluster.system_node_selector,
+                gpu_instance_type=settings.profile.instance_type,
                 eks=(
                     EksAddonTarget(cluster_name=cluster.cluster_name,
                                    kubernetes_version=settings.cluster.kubernetes_version)
@@ -136,7 +152,11 @@ def _training(
     ``monitoring``: the stack that installs the PodMonitor CRD (None: no PodMonitor);
     ``shared``: the claim for checkpoints every worker mounts (None: node-local NVMe)."""
     image = TrainingImage("training-image", TrainingImageArgs(name=settings.name))
-    operator = TrainingOperator("training-operator", TrainingOperatorArgs(provider=cluster.provider))
+    operator = TrainingOperator(
+        "training-operator",
+        TrainingOperatorArgs(provider=cluster.provider, system_node_selector=cluster.system_node_selector,
+                             ready=cluster.ready),
+    )
     job = TrainingJob(
         "training-job",
         TrainingJobArgs(
@@ -149,6 +169,7 @@ def _training(
             operator=[operator],
             monitoring=monitoring,
             shared=shared,
+            ready=cluster.ready,
         ),
     )
     return {

@@ -12,10 +12,13 @@ every worker the same directory:
   other) and the EKS cluster security group, which every node carries; the cluster security group
   gets the matching inbound rules from the file system's group;
 - the **FSx CSI driver** (pinned Helm release, ``components/versions.py``): its node DaemonSet
-  tolerates the GPU taint, its controller runs on the system nodes with ``AmazonFSxFullAccess``
-  through EKS Pod Identity. This stack provisions statically, so the controller calls no AWS API
-  today; the role is what the driver's install guide prescribes and lets a StorageClass provision
-  later. The node plugin mounts with the node's Lustre client and calls no AWS API either;
+  tolerates the GPU taint, its controller runs on the system nodes. No AWS credentials: the
+  driver's install guide attaches ``AmazonFSxFullAccess`` for dynamic provisioning, but a static
+  volume makes the controller call no FSx API (CreateVolume / DeleteVolume run only for claims of
+  a StorageClass; the driver has no attach step), and the node plugin mounts with the node's Lustre
+  client. A StorageClass added later needs a Pod Identity role for ``fsx-csi-controller-sa`` with
+  the FSx actions it uses. Both get the region from the chart's ``region`` values: with IMDS closed
+  to pods their metadata comes from the Kubernetes API, which carries none (node_metadata.py);
 - a static **PersistentVolume** (``fsx.csi.aws.com``, ``ReadWriteMany``, reclaim ``Retain``: the
   file system's life is this stack's, not the claim's) reserved by ``claimRef`` for one claim in
   the job's namespace.
@@ -43,7 +46,6 @@ from components import versions
 from components.cluster import SYSTEM_NODE_LABEL
 from components.gpu_nodes import GPU_TOLERATION
 from components.helm import helm_release
-from components.pod_identity import pod_identity_role
 from components.settings import StorageSettings
 
 CSI_DRIVER = "fsx.csi.aws.com"
@@ -54,8 +56,6 @@ MOUNT_OPTIONS = ["relatime", "flock"]
 """The FSx for Lustre user guide's mount options: ``flock`` makes locks coherent across nodes."""
 CONTROLLER_SERVICE_ACCOUNT = ("kube-system", "fsx-csi-controller-sa")
 NODE_SERVICE_ACCOUNT = "fsx-csi-node-sa"
-FSX_POLICY = "arn:aws:iam::aws:policy/AmazonFSxFullAccess"
-"""What the driver's install guide attaches to ``fsx-csi-controller-sa``."""
 CLAIM_NAME = "shared"
 """The PersistentVolumeClaim every worker mounts, in the job's namespace."""
 NOEXECUTE_GRACE = {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
@@ -65,18 +65,22 @@ NOEXECUTE_GRACE = {"operator": "Exists", "effect": "NoExecute", "tolerationSecon
 # --------------------------------------------------------------------------- the pure builders
 
 
-def csi_driver_values() -> dict[str, Any]:
+def csi_driver_values(region: str) -> dict[str, Any]:
     """Helm values of the FSx CSI driver: node plugin on the GPU nodes too, controller on the system nodes.
 
     ``tolerateAllTaints: false`` with explicit tolerations instead of the chart's tolerate-all, so
-    the GPU taint is stated (and tested) rather than implied.
+    the GPU taint is stated (and tested) rather than implied. ``region`` becomes both pods'
+    ``AWS_REGION``: their Kubernetes-API metadata fallback has no region (aws-fsx-csi-driver
+    ``pkg/cloud/metadata_k8s.go``).
     """
     return {
         "controller": {
             "nodeSelector": dict(SYSTEM_NODE_LABEL),
             "serviceAccount": {"create": True, "name": CONTROLLER_SERVICE_ACCOUNT[1]},
+            "region": region,
         },
         "node": {
+            "region": region,
             "tolerateAllTaints": False,
             "tolerations": [dict(GPU_TOLERATION), dict(NOEXECUTE_GRACE)],
             "serviceAccount": {"create": True, "name": NODE_SERVICE_ACCOUNT},
@@ -142,10 +146,11 @@ class SharedStorageArgs:
 
     name: str
     """Prefix of physical names (the stack's ``<project>-<stack>``)."""
+    region: str
+    """The stack's AWS region (the CSI driver's ``AWS_REGION``)."""
     settings: StorageSettings
     namespace: str
     """The job's namespace, where the claim will be."""
-    cluster_name: pulumi.Input[str]
     vpc_id: pulumi.Input[str]
     gpu_subnet_ids: pulumi.Input[list[str]]
     """Private subnets of the GPU AZ; the file system goes into the first."""
@@ -240,16 +245,13 @@ class SharedStorage(pulumi.ComponentResource):
         )
 
     def _csi_driver(self, name: str, args: SharedStorageArgs) -> k8s.helm.v3.Release:
-        _, credentials = pod_identity_role(
-            f"{name}-fsx-csi", cluster_name=args.cluster_name, service_account=CONTROLLER_SERVICE_ACCOUNT,
-            policy_arn=FSX_POLICY, parent=self, ready=args.ready,
-        )
+        # No Pod Identity role: a static volume makes the driver call no AWS API (module docstring).
         return helm_release(
             f"{name}-fsx-csi",
             versions.FSX_CSI_DRIVER,
             CONTROLLER_SERVICE_ACCOUNT[0],
-            csi_driver_values(),
-            pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=[*credentials, *args.ready]),
+            csi_driver_values(args.region),
+            pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=list(args.ready)),
         )
 
     def _volume(self, name: str, args: SharedStorageArgs) -> k8s.core.v1.PersistentVolume:

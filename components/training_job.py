@@ -31,6 +31,19 @@ run's own ``/fsx/runs/<run>``: a multi-node distributed checkpoint is whole only
 writes. The init container creates that directory as root and hands it to the training user (the
 file system's root belongs to root). The Hugging Face cache and the flight-recorder dumps stay on
 NVMe. The job creates the claim in its namespace (namespace, then claim, then job).
+
+**Least privilege** (``WORKER_SECURITY``, ``PREPARE_SECURITY``). The workers run as the image's
+uid 1000, never escalate, keep no capability, use the runtime's default seccomp profile and get no
+service-account token (nothing in the pod calls the Kubernetes API; rendezvous goes to etcd or
+worker 0). EFA and NCCL need no more: the device plugins put the GPUs and ``/dev/infiniband/uverbs*``
+into the container's device cgroup (their device nodes are world read-write: rdma-core's udev
+rules, NVIDIA's driver), and libfabric's large locked-memory registrations need a high
+``RLIMIT_MEMLOCK`` (awsome-distributed-ai#647: "Cannot allocate memory" at 64 KiB), which the GPU
+nodes' containerd grants every container (components/gpu_nodes.py). ``IPC_LOCK`` would not help:
+a non-root process has an empty effective capability set. The root filesystem stays writable:
+torch.compile and Triton write their caches under ``/tmp`` and ``$HOME``; uid 1000 can write only
+where the image lets it. The init container is the one exception to non-root, with two capabilities
+(``PREPARE_SECURITY``).
 """
 
 from __future__ import annotations
@@ -83,6 +96,37 @@ RUN = "@RUN@"
 """Placeholder for the run's name while the manifest is hashed."""
 RUN_LABEL = "fsdp-eks/run"
 """Pod label naming the run: how the log command finds every worker of it."""
+WORKER_SECURITY = {
+    "pod": {
+        "runAsUser": APP_UID,
+        "runAsGroup": APP_UID,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    },
+    "container": {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+    },
+}
+"""The workers' pod and ``pytorch`` container security contexts (module docstring, "Least privilege")."""
+PREPARE_SECURITY = {
+    # Root, because the directories it hands over belong to root: the kubelet creates hostPath
+    # subPaths as root and a shared file system's root is root's.
+    "runAsUser": 0,
+    "runAsNonRoot": False,
+    "allowPrivilegeEscalation": False,
+    "privileged": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {
+        "drop": ["ALL"],
+        # CHOWN: hand the run's directories to uid 1000. DAC_OVERRIDE: on a restarted pod or a later
+        # run, directories on the path may already be uid 1000's (the training process made them),
+        # where root without it is only "other". No FOWNER: nothing is chmod-ed.
+        "add": ["CHOWN", "DAC_OVERRIDE"],
+    },
+}
+"""The init container's security context: root with only what ``mkdir`` and ``chown`` need."""
 LABELS = {"app.kubernetes.io/name": "fsdp-finetune", "app.kubernetes.io/part-of": "fsdp-eks",
           "app.kubernetes.io/component": "training"}
 """On every run's pods, so one PodMonitor scrapes every run."""
@@ -125,10 +169,17 @@ def training_command(job: JobSettings, data_dir: str = RUN_DIR) -> list[str]:
     return ["torchrun", "-m", "training.finetune", *training_config.to_argv(config)]
 
 
-def _env(hf_secret: str | None) -> list[dict]:
+def _env(job: JobSettings, hf_secret: str | None) -> list[dict]:
+    timeout_s = training_config.flat(job.training)["collective_timeout_s"]
     env = [
         {"name": "FI_EFA_USE_HUGE_PAGE", "value": "0"},
+        # A hung collective ends the process within --collective-timeout-s: NCCL's watchdog
+        # aborts the communicator and (1 = tear down) the process exits, so torchrun restarts
+        # the group. The heartbeat monitor kills the process if the watchdog itself is stuck
+        # (e.g. in a CUDA call on a GPU that fell off the bus) for as long (torch's
+        # ProcessGroupNCCL; default 480 s otherwise, whatever the collective timeout).
         {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+        {"name": "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "value": str(timeout_s)},
         {"name": "TORCH_NCCL_TRACE_BUFFER_SIZE", "value": str(NCCL_TRACE_BUFFER_SIZE)},
         {"name": "TORCH_NCCL_DUMP_ON_TIMEOUT", "value": "1"},
         {"name": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "value": NCCL_TRACE_PREFIX},
@@ -162,8 +213,9 @@ def _pod_template(
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         "command": training_command(job, data_dir),
-        "env": _env(hf_secret),
+        "env": _env(job, hf_secret),
         "ports": ports,
+        "securityContext": dict(WORKER_SECURITY["container"]),
         "resources": {
             "requests": {"cpu": str(CPU_PER_GPU * gpus), "memory": f"{MEMORY_GIB_PER_GPU * gpus}Gi", **devices},
             "limits": dict(devices),
@@ -184,7 +236,7 @@ def _pod_template(
             "bash", "-c",
             f"mkdir -p {' '.join(made)} && chown {APP_UID}:{APP_UID} {' '.join(owned)}",
         ],
-        "securityContext": {"runAsUser": 0, "runAsNonRoot": False},
+        "securityContext": dict(PREPARE_SECURITY),
         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
         "volumeMounts": [
             {"name": "nvme", "mountPath": NVME},
@@ -200,7 +252,9 @@ def _pod_template(
         "spec": {
             "nodeSelector": {"node.kubernetes.io/instance-type": profile.instance_type},
             "tolerations": [dict(GPU_TOLERATION)],
-            "securityContext": {"runAsUser": APP_UID, "runAsGroup": APP_UID, "runAsNonRoot": True},
+            "securityContext": dict(WORKER_SECURITY["pod"]),
+            # Nothing in the pod calls the Kubernetes API: no service-account token to steal.
+            "automountServiceAccountToken": False,
             "initContainers": [prepare],
             "containers": [container],
             "volumes": [
@@ -332,6 +386,9 @@ class TrainingJobArgs:
     """The monitoring stack that installs the PodMonitor CRD; None: no PodMonitor."""
     shared: SharedClaim | None = None
     """The claim every worker mounts for checkpoints and the exported model; None: node-local NVMe."""
+    ready: Sequence[pulumi.Resource] = ()
+    """What the job's namespace (and so everything in it: etcd, the Secret, the job) waits for:
+    the system nodes etcd runs on and cluster DNS (the cluster's ``ready``)."""
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -342,7 +399,8 @@ class TrainingJob(pulumi.ComponentResource):
         ns = args.job.namespace
         in_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider)
         self.namespace = k8s.core.v1.Namespace(
-            f"{name}-namespace", metadata={"name": ns, "labels": dict(LABELS)}, opts=in_cluster
+            f"{name}-namespace", metadata={"name": ns, "labels": dict(LABELS)},
+            opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(depends_on=list(args.ready))),
         )
         in_namespace = pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(depends_on=[self.namespace]))
         self.hf_secret = self._hf_secret(name, ns, args.hf_token, in_namespace)
@@ -352,7 +410,7 @@ class TrainingJob(pulumi.ComponentResource):
                 f"{name}-etcd",
                 rendezvous.RendezvousArgs(
                     namespace=ns, provider=args.provider, node_selector=args.system_node_selector,
-                    depends_on=[self.namespace],
+                    client_labels=LABELS, depends_on=[self.namespace],
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )

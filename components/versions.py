@@ -7,6 +7,14 @@ No ``latest``, no ``master``, no "most recent" look-ups: a ``pulumi up`` next ye
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import date
+from pathlib import PurePosixPath
+
+CHARTS_DIR = PurePosixPath("components/charts")
+"""Vendored Helm charts, ``<chart>-<version>/`` each, relative to the project root (where
+``pulumi up`` runs); ``PROVENANCE.md`` there says where each comes from."""
+KUSTOMIZE_DIR = PurePosixPath("components/kustomize")
+"""Vendored kustomizations, relative to the project root."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -16,14 +24,30 @@ class HelmChart:
     chart: str
     version: str
     repo: str
+    """The Helm repository that publishes it (provenance; the source at deploy time when not vendored)."""
+    vendored: bool = True
+    """``pulumi up`` installs the copy in ``CHARTS_DIR/<chart>-<version>/``, the one the tests render;
+    False: it fetches the chart from ``repo`` at ``version`` (the vendored copy is incomplete)."""
+
+    @property
+    def folder(self) -> PurePosixPath:
+        """The vendored copy, relative to the project root."""
+        return CHARTS_DIR / f"{self.chart}-{self.version}"
 
 
 # Kubernetes minor versions the add-on pins below were chosen for. A stack asking for another
-# version fails validation: add the version here with its add-on pins to support it.
+# version fails validation: add the version here with its add-on pins and its end of standard
+# support to support it. Check each pin with
+# `aws eks describe-addon-versions --kubernetes-version X --addon-name Y` when bumping.
 EKS_ADDONS: dict[str, dict[str, str]] = {
-    # Sources: the AWS EKS user guide's per-version tables (coredns, kube-proxy, vpc-cni for
-    # 1.33); the others from pins used for these versions in public EKS repositories. Check
-    # with `aws eks describe-addon-versions --kubernetes-version X --addon-name Y` when bumping.
+    # 1.33 and 1.34: the AWS EKS user guide's per-version tables (coredns, kube-proxy,
+    # vpc-cni); the others from pins used for these versions in public EKS repositories.
+    # eks-node-monitoring-agent (the node health checks behind GPU-node auto repair): 1.33's
+    # v1.4.0-eksbuild.2 beside kube-proxy v1.33.3 in a public EKS Terraform stack; 1.34's
+    # v1.4.2-eksbuild.1 and 1.35's v1.6.2-eksbuild.1 in the public Terraform environment
+    # file of the UK MoJ Analytical Platform's clusters at those versions. The agent reads node
+    # logs and is not tied to a Kubernetes minor, but EKS lists its builds per version.
+    # For 1.36 none was found: the 1.35 build is inferred, to check with describe-addon-versions.
     "1.33": {
         # vpc-cni >= v1.18.4 is needed for `efa-only` network interfaces.
         "vpc-cni": "v1.20.1-eksbuild.3",
@@ -32,6 +56,7 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
         "eks-pod-identity-agent": "v1.3.10-eksbuild.1",
         "aws-ebs-csi-driver": "v1.53.0-eksbuild.1",
         "amazon-cloudwatch-observability": "v4.7.0-eksbuild.1",
+        "eks-node-monitoring-agent": "v1.4.0-eksbuild.2",
     },
     "1.34": {
         "vpc-cni": "v1.21.1-eksbuild.1",
@@ -40,22 +65,90 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
         "eks-pod-identity-agent": "v1.3.10-eksbuild.1",
         "aws-ebs-csi-driver": "v1.53.0-eksbuild.1",
         "amazon-cloudwatch-observability": "v5.0.0-eksbuild.1",
+        "eks-node-monitoring-agent": "v1.4.2-eksbuild.1",
+    },
+    # 1.35: every pin as a public Terraform configuration of an EKS 1.35 cluster pins it
+    # (eks_addons of a 1.35 cluster, 2026): not read from the EKS add-on version tables, whose
+    # stored copies stop at 1.34 -- inferred, check with describe-addon-versions.
+    "1.35": {
+        "vpc-cni": "v1.21.1-eksbuild.3",
+        "coredns": "v1.13.2-eksbuild.1",
+        "kube-proxy": "v1.35.0-eksbuild.2",
+        "eks-pod-identity-agent": "v1.3.10-eksbuild.3",
+        "aws-ebs-csi-driver": "v1.57.1-eksbuild.1",
+        "amazon-cloudwatch-observability": "v5.3.0-eksbuild.1",
+        "eks-node-monitoring-agent": "v1.6.2-eksbuild.1",
+    },
+    # 1.36: vpc-cni, coredns, kube-proxy, pod identity agent and EBS CSI as a public Terraform
+    # module pins them for an EKS 1.36 cluster (eks_version "1.36", 2026); CloudWatch: the
+    # 1.35 pin, assumed to serve 1.36 too (the add-on's v5 builds span several Kubernetes
+    # versions) -- all inferred, not read from the EKS add-on version tables.
+    "1.36": {
+        "vpc-cni": "v1.22.3-eksbuild.1",
+        "coredns": "v1.14.3-eksbuild.3",
+        "kube-proxy": "v1.36.0-eksbuild.13",
+        "eks-pod-identity-agent": "v1.3.10-eksbuild.3",
+        "aws-ebs-csi-driver": "v1.63.1-eksbuild.1",
+        "amazon-cloudwatch-observability": "v5.3.0-eksbuild.1",
+        "eks-node-monitoring-agent": "v1.6.2-eksbuild.1",
     },
 }
 SUPPORTED_KUBERNETES_VERSIONS: tuple[str, ...] = tuple(EKS_ADDONS)
-DEFAULT_KUBERNETES_VERSION = "1.33"
+DEFAULT_KUBERNETES_VERSION = "1.36"
+"""The newest pinned version: the one with the longest standard support ahead."""
+
+STANDARD_SUPPORT_END: dict[str, date] = {
+    # AWS EKS user guide, "Amazon EKS Kubernetes release calendar" (dates in UTC; extended
+    # support is billed from the start of that day).
+    "1.33": date(2026, 7, 29),
+    "1.34": date(2026, 12, 2),
+    # Released on EKS 2026-01-27/28: endoflife.date's amazon-eks table (from the same calendar).
+    "1.35": date(2027, 3, 27),
+    # Released on EKS 2026-06-02: endoflife.date's amazon-eks table (PR #10240); 14 months
+    # after release, as the calendar rule gives.
+    "1.36": date(2027, 8, 2),
+}
+"""End of EKS standard support per version. After it a cluster with the ``EXTENDED`` support
+type is billed about 6x the standard control-plane price; with ``STANDARD`` EKS upgrades it
+to the next version automatically (EKS user guide, "Manage EKS extended support")."""
+
+
+def standard_support_warning(version: str, today: date) -> str | None:
+    """A warning for a Kubernetes version whose EKS standard support has ended (or ends within
+    30 days) on ``today``; None when it has time left or is unknown."""
+    end = STANDARD_SUPPORT_END.get(version)
+    if end is None:
+        return None
+    newest = max(STANDARD_SUPPORT_END, key=STANDARD_SUPPORT_END.__getitem__)
+    advice = (f"set cluster.kubernetesVersion to {newest} (standard support until "
+              f"{STANDARD_SUPPORT_END[newest].isoformat()})")
+    if today >= end:
+        return (f"Kubernetes {version} left EKS standard support on {end.isoformat()}: with "
+                f"cluster.supportType EXTENDED the control plane costs about 6x, with STANDARD EKS "
+                f"upgrades it on its own; {advice}")
+    if (end - today).days <= 30:
+        return (f"Kubernetes {version} leaves EKS standard support on {end.isoformat()} "
+                f"({(end - today).days} days); {advice}")
+    return None
+
 
 # Observability (components/observability.py).
 KUBE_PROMETHEUS_STACK = HelmChart(
     chart="kube-prometheus-stack",
-    version="91.2.1",
+    version="88.5.3",
     repo="https://prometheus-community.github.io/helm-charts",
+    vendored=False,
 )
+"""The newest release whose source could be vendored (91.2.1 could not). Installed from the
+repository: the vendored copy lacks the four subcharts (grafana, kube-state-metrics, node and
+windows exporters) that the upstream .gitignore keeps out of git; components/charts/PROVENANCE.md."""
 DCGM_EXPORTER = HelmChart(
     chart="dcgm-exporter",
-    version="4.8.3",
+    version="4.8.2",
     repo="https://nvidia.github.io/dcgm-exporter/helm-charts",
 )
+"""4.8.2 is vendored exactly (its package digest matches the repository index); 4.8.3 exists only
+as a reconstruction."""
 DEBUG_TOOLS_IMAGE = "nvidia/cuda:12.8.1-base-ubuntu22.04"
 """htop/nvtop DaemonSet: CUDA's base image (Ubuntu 22.04 with universe, where nvtop lives); the
 tools are apt-installed when the pod starts. No maintained public image ships nvtop."""
@@ -70,6 +163,47 @@ EFA_DEVICE_PLUGIN = HelmChart(
     version="v0.5.18",
     repo="https://aws.github.io/eks-charts",
 )
+"""The newest chart vendored. Its default image is plugin v0.5.10 in us-west-2: the values
+override both with ``EFA_DEVICE_PLUGIN_IMAGE_TAG`` from the stack's region (``eks_image_registry``)."""
+EFA_DEVICE_PLUGIN_IMAGE_TAG = "v0.5.20"
+"""The plugin image that chart v0.5.30 ships (its appVersion, 2026-08-01, as quoted from
+aws/eks-charts ``stable/aws-efa-k8s-device-plugin/Chart.yaml``); chart v0.5.26 shipped v0.5.18.
+Not verified here: that the image is in every regional registry, and that the v0.5.18 chart's
+DaemonSet (arguments, security context, mounts) suits it as well as the v0.5.30 chart's."""
+
+EKS_IMAGE_REGISTRY_ACCOUNT = "602401143452"
+"""The account of the regional ECR registries with the images of EKS add-ons, in most regions.
+Source: EKS user guide, "View Amazon container image registries for Amazon EKS add-ons"
+(add-ons-images.html)."""
+EKS_IMAGE_REGISTRY_ACCOUNTS: dict[str, str] = {
+    **dict.fromkeys(
+        ("us-east-1", "us-east-2", "us-west-1", "us-west-2", "ca-central-1", "sa-east-1", "eu-west-1",
+         "eu-west-2", "eu-west-3", "eu-central-1", "eu-north-1", "ap-south-1", "ap-northeast-1",
+         "ap-northeast-2", "ap-northeast-3", "ap-southeast-1", "ap-southeast-2"),
+        EKS_IMAGE_REGISTRY_ACCOUNT,
+    ),
+    # Regions with their own account (same page).
+    "af-south-1": "877085696533",
+    "ap-east-1": "800184023465",
+    "ap-south-2": "900889452093",
+    "ap-southeast-3": "296578399912",
+    "ap-southeast-4": "491585149902",
+    "ap-southeast-5": "151610086707",
+    "ap-southeast-6": "333609536671",
+    "ap-southeast-7": "121268973566",
+}
+"""Region -> account of its EKS add-on image registry; a region not listed here has not been
+checked against the guide's table (add its row from there)."""
+
+
+def eks_image_registry(region: str) -> str:
+    """The ECR registry that serves EKS add-on images to nodes in ``region``."""
+    if region not in EKS_IMAGE_REGISTRY_ACCOUNTS:
+        raise ValueError(
+            f"no EKS image registry known for region {region}: add its account to "
+            "EKS_IMAGE_REGISTRY_ACCOUNTS in components/versions.py (EKS user guide, add-ons-images)"
+        )
+    return f"{EKS_IMAGE_REGISTRY_ACCOUNTS[region]}.dkr.ecr.{region}.amazonaws.com"
 
 # Shared storage (components/storage.py).
 FSX_CSI_DRIVER = HelmChart(
@@ -98,13 +232,17 @@ ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.21"
 TRAINING_OPERATOR_REF = "v1.9.4"
 """Kubeflow Training Operator v1 (PyTorchJob ``kubeflow.org/v1``): newest release of release-1.9.
 Trainer v2 (TrainJob) has no elastic policy and no etcd rendezvous."""
-TRAINING_OPERATOR_MANIFESTS = (
-    "https://github.com/kubeflow/trainer.git//manifests/overlays/standalone"
-    f"?ref={TRAINING_OPERATOR_REF}"
-)
-"""Its standalone kustomize overlay at that tag, in kustomize's remote form (``repo//dir?ref=``):
-the ``/tree/<ref>/`` form is not a kustomize remote and fails to load (pulumi-kubernetes #3358).
-The repository was renamed from kubeflow/training-operator; the tag is the same."""
+TRAINING_OPERATOR_MANIFESTS = KUSTOMIZE_DIR / f"training-operator-{TRAINING_OPERATOR_REF}" / "manifests"
+"""Its manifests at that tag (kubeflow/trainer, formerly kubeflow/training-operator), vendored:
+``overlays/standalone`` is the upstream overlay; ``pulumi up`` needs no git or GitHub."""
+TRAINING_OPERATOR_OVERLAYS: dict[str, PurePosixPath] = {
+    "standalone": TRAINING_OPERATOR_MANIFESTS / "overlays" / "standalone",
+    "system-nodes": KUSTOMIZE_DIR / "training-operator-system-nodes",
+}
+"""The overlay the stack applies: ``system-nodes`` (ours: the standalone overlay with the system
+node selector) on a cluster this stack creates, ``standalone`` on an existing cluster."""
+TRAINING_OPERATOR_IMAGE = "ghcr.io/kubeflow/training-v1/training-operator:v1-93c5489"
+"""The operator image the v1.9.4 standalone overlay sets (its ``images:`` entry); a test checks."""
 
 TRAINING_IMAGE_BUILD_ARGS: dict[str, str] = {
     # CUDA 13.0 userspace: needs the R580+ driver of the EKS AL2023 NVIDIA AMI.

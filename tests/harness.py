@@ -31,8 +31,8 @@ from training import config as training_config
 
 __all__ = ["DUMMY_SECRETS", "STACKS", "Recording", "Registration", "run_program", "stack_config", "tolerates",
            "SECRETS", "raw_settings", "job_settings", "parse", "settings_error", "plain", "PYTORCHJOB", "job_of", "worker",
-           "container", "parse_flags", "GPU_TAINT", "HELM", "POD_IDENTITY", "release", "pod_identity",
-           "trusted_by_pod_identity"]
+           "container", "parse_flags", "GPU_TAINT", "HELM", "POD_IDENTITY", "release", "installs_pin", "pod_identity",
+           "trusted_by_pod_identity", "waits_for", "region_of"]
 
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
 HELM = "kubernetes:helm.sh/v3:Release"
@@ -57,16 +57,38 @@ def job_settings(**values: Any) -> JobSettings:
     return JobSettings(training=training_config.from_fields({**training_defaults(values), **values}), **own)
 
 
-def parse(config: dict, secrets: Secrets = SECRETS) -> Settings:
-    """``parse_settings`` as a preview of stack ``test`` would call it."""
-    return parse_settings(config, project="fsdp-eks", stack="test", region="us-west-2", secrets=secrets)
+def region_of(config: dict) -> str:
+    """The region a stack file's GPU AZ lies in (``us-east-1a`` -> ``us-east-1``); us-west-2 without one."""
+    az = config.get("gpuNodes", {}).get("availabilityZone") if isinstance(config.get("gpuNodes"), dict) else None
+    return az[:-1] if isinstance(az, str) and az[-1:].isalpha() else "us-west-2"
 
 
-def settings_error(config: dict, secrets: Secrets = SECRETS) -> SettingsError:
+def parse(config: dict, secrets: Secrets = SECRETS, stack: str = "test") -> Settings:
+    """``parse_settings`` as a preview of stack ``stack`` would call it, in the region of the
+    config's GPU AZ (as the stack files set ``aws:region``)."""
+    return parse_settings(config, project="fsdp-eks", stack=stack, region=region_of(config), secrets=secrets)
+
+
+def settings_error(config: dict, secrets: Secrets = SECRETS, stack: str = "test") -> SettingsError:
     """The error ``config`` must raise."""
     with pytest.raises(SettingsError) as info:
-        parse(config, secrets)
+        parse(config, secrets, stack)
     return info.value
+
+
+def waits_for(recording: Recording, name: str) -> set[str]:
+    """Names of every resource ``name`` waits for, directly or through what it waits for: its
+    ``depends_on`` and the resources its inputs come from, as the engine received them. Destroy
+    runs this graph in reverse: ``name`` is deleted before all of them."""
+    direct = {r.name: r.dependencies for r in recording.resources}
+    seen: set[str] = set()
+    todo = list(direct.get(name, []))
+    while todo:
+        current = todo.pop()
+        if current not in seen:
+            seen.add(current)
+            todo.extend(direct.get(current, []))
+    return seen
 
 
 def tolerates(tolerations: list[dict], taint: dict) -> bool:
@@ -127,10 +149,21 @@ def parse_flags(args: list[str]) -> dict[str, str | None]:
 
 
 def release(recording: Recording, chart: versions.HelmChart) -> Registration:
-    """The run's one Helm release of ``chart``."""
-    found = [r for r in recording.of_type(HELM) if r.inputs["chart"] == chart.chart]
+    """The run's one Helm release of ``chart`` (by name from a repository, or its vendored folder)."""
+    found = [r for r in recording.of_type(HELM) if r.inputs["chart"] in (chart.chart, f"./{chart.folder}")]
     assert len(found) == 1, f"expected one {chart.chart} release, found {[r.name for r in found]}"
     return found[0]
+
+
+def installs_pin(registration: Registration, chart: versions.HelmChart) -> bool:
+    """The release installs exactly the pinned chart: its vendored folder (the copy the rendering
+    tests render) or, for a chart not vendored whole, the repository at the pinned version."""
+    inputs = registration.inputs
+    if inputs.get("version") != chart.version or "latest" in chart.version:
+        return False
+    if chart.vendored:
+        return inputs["chart"] == f"./{chart.folder}" and "repositoryOpts" not in inputs
+    return inputs["chart"] == chart.chart and inputs["repositoryOpts"]["repo"] == chart.repo
 
 
 def pod_identity(recording: Recording, namespace: str, account: str) -> tuple[Registration, Registration, str]:

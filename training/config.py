@@ -291,8 +291,15 @@ class ParallelConfig(_Section):
     compile: bool = False
     """torch.compile each decoder layer (needs a C++ compiler on CPU; worth it on GPU)."""
 
+    collective_timeout_s: int = 600
+    """Seconds a collective may wait for the other ranks before this process fails (so a hung
+    or stopped rank becomes a restart, not a hang); on GPU also the NCCL heartbeat timeout the
+    stack sets. Long waits that are expected (downloads) use their own 3-hour group."""
+
     def problems(self) -> list[Problem]:
         return _failing(
+            (self.collective_timeout_s >= 1, "collective_timeout_s",
+             f"must be >= 1 second, got {self.collective_timeout_s}"),
             (self.hsdp_shard_size >= 0, "hsdp_shard_size",
              f"must be >= 0, got {self.hsdp_shard_size}"),
             (self.hsdp_shard_size == 0 or self.sharding == "HYBRID_SHARD", "hsdp_shard_size",
@@ -325,6 +332,12 @@ class CheckpointConfig(_Section):
     """Export the checkpoint with the lowest validation loss instead of the last one: every
     evaluation then also saves a checkpoint, and pruning keeps the best. Needs --checkpoint-dir
     (the stack always sets one) and a validation set."""
+
+    async_checkpoint: bool = True
+    """Write checkpoints in the background (DCP async_save): the step waits only while the
+    state is copied to host memory (a copy of this rank's parameters and AdamW states); the
+    checkpoint becomes COMPLETE once every rank's files are written and checksummed.
+    --no-async-checkpoint writes them while training waits."""
 
     def problems(self) -> list[Problem]:
         return _failing(

@@ -30,7 +30,7 @@ from training.checkpoint import EVAL_LOSS_KEY, Checkpointer, TrainerState
 from training.config import JobConfig, OptimConfig, flag, parse_args
 from training.dataset import (IGNORE_INDEX, PackedData, Records, StepSampler, eval_rows,
                               pack_records, prepare)
-from training.dist import DistEnv, all_sum, init_distributed
+from training.dist import DistEnv, all_sum, check_locked_memory, init_distributed
 from training.errors import OOM_ADVICE, UserError
 from training.export import export_hf
 from training.loss import install_loss_forward
@@ -321,13 +321,14 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
     torch.manual_seed(cfg.train.seed)  # identical RNG on every rank from here on
 
     ckpt = (Checkpointer(cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep_checkpoints, env,
+                         async_save=cfg.checkpoint.async_checkpoint,
+                         timeout_s=cfg.parallel.collective_timeout_s,
                          keep_best=cfg.checkpoint.keep_best)
             if cfg.checkpoint.checkpoint_dir else None)
     if ckpt is None:
         log.warning("no --checkpoint-dir: a failure loses all progress of this run")
-    latest = ckpt.latest() if ckpt else None
+    latest = ckpt.resume(model, optimizer, state) if ckpt else None
     if latest is not None:
-        ckpt.load(latest, model, optimizer, state)
         log.info("resumed from %s (step %d, epoch %d)", latest, state.step, state.epoch)
     remaining = sampler.remaining_steps(state.epoch, state.offset, cfg.train.epochs)
     total = state.step + remaining
@@ -358,6 +359,8 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
         exit_after = int(os.environ.get(TEST_EXIT_AFTER_STEP_ENV, "0"))
 
         for step in range(state.step + 1, total + 1):
+            if ckpt:
+                ckpt.poll()  # completes a background save once every rank has written it
             started = time.perf_counter()
             lr = optimizer.param_groups[0]["lr"]
             loss, grad_norm = (float(t) for t in train_step(
@@ -391,10 +394,14 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
             if delay:
                 time.sleep(delay)
             if step == exit_after:
+                if ckpt:
+                    ckpt.close()
                 log.warning("test hook %s: stopping after step %d", TEST_EXIT_AFTER_STEP_ENV,
                             step)
                 return {}
 
+        if ckpt:
+            ckpt.close()  # the last checkpoint is complete before the export and the exit
         best = _export(cfg, model, tokenizer, ckpt, state.step, env)
         skip = min(10, max(1, len(history) // 5)) if len(history) > 1 else 0
         summary = {**summarize(history, skip), **eval_summary(run_.evals), **best,
@@ -428,10 +435,15 @@ def _export(cfg: JobConfig, model: nn.Module, tokenizer, ckpt: Checkpointer | No
     if not cfg.checkpoint.output_dir:
         return keys
     if best is not None and best[0] != step:
-        ckpt.load_model(best[1], model)
-        log.info("--keep-best: exporting %s (validation loss %.4f) instead of step %d",
-                 best[1], best[2], step)
-        step = best[0]
+        problems = ckpt.load_model(best[1], model)
+        if problems:  # the weights in memory are still the last step's
+            log.warning("--keep-best: the best checkpoint %s cannot be used (%s); exporting the "
+                        "last step's weights instead", best[1], "; ".join(problems))
+            keys = {}
+        else:
+            log.info("--keep-best: exporting %s (validation loss %.4f) instead of step %d",
+                     best[1], best[2], step)
+            step = best[0]
     export_hf(model, tokenizer, cfg.checkpoint.output_dir, DTYPES[cfg.checkpoint.export_dtype],
               env)
     return {**keys, "summary/exported_step": step}
@@ -472,8 +484,14 @@ def set_runtime_defaults(cfg: JobConfig) -> None:
 @record
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
+    # First, before any download or collective: EFA with too little locked memory fails only
+    # deep inside NCCL's first all-reduce.
+    memlock = check_locked_memory()
+    if memlock is not None:
+        print(f"error: {memlock}", file=sys.stderr)
+        return 1
     set_runtime_defaults(cfg)
-    env = init_distributed()
+    env = init_distributed(cfg.parallel.collective_timeout_s)
     _setup_logging(env)
     try:
         run(cfg, env)

@@ -11,6 +11,7 @@ import base64
 import copy
 import email
 
+import pytest
 import yaml
 
 from components import versions
@@ -19,6 +20,7 @@ from tests.harness import (
     GPU_TAINT,
     HELM,
     Recording,
+    installs_pin,
     release,
     run_program,
     stack_config,
@@ -38,7 +40,7 @@ def gpu_settings(stack: str) -> dict:
 
 
 def test_one_interface_per_network_card(recording: Recording, stack: str):
-    interfaces = recording.one(LT).inputs["networkInterfaces"]
+    interfaces = recording.one(LT, "gpu-lt").inputs["networkInterfaces"]
     cards = profile_of(stack).network_cards
     assert [int(i["networkCardIndex"]) for i in interfaces] == list(range(cards)), "one interface per card"
     assert int(interfaces[0]["deviceIndex"]) == 0 and interfaces[0]["interfaceType"] == "efa"
@@ -50,7 +52,7 @@ def test_one_interface_per_network_card(recording: Recording, stack: str):
 def test_every_interface_carries_cluster_and_efa_security_groups(recording: Recording):
     efa_sg = recording.one("aws:ec2/securityGroup:SecurityGroup", "gpu-efa")
     efa_sg_id = f"{efa_sg.name}-id"
-    for i in recording.one(LT).inputs["networkInterfaces"]:
+    for i in recording.one(LT, "gpu-lt").inputs["networkInterfaces"]:
         groups = set(i["securityGroups"])
         assert {"sg-eks-cluster", efa_sg_id} <= groups, f"card {i['networkCardIndex']} lacks {groups}"
 
@@ -62,21 +64,30 @@ def test_efa_security_group_allows_all_traffic_to_and_from_itself(recording: Rec
         assert any(r["protocol"] == "-1" and r.get("self") for r in rules), f"{direction}: no all-traffic self rule"
 
 
-def test_launch_template_requires_imdsv2_with_two_hops(recording: Recording):
-    meta = recording.one(LT).inputs["metadataOptions"]
-    assert meta["httpTokens"] == "required"
-    assert int(meta["httpPutResponseHopLimit"]) == 2
+def test_no_pod_can_reach_a_nodes_instance_metadata(recording: Recording):
+    """Checked against EC2's IMDS hop semantics: with IMDSv2 required and a PUT response hop limit
+    of 1, the token never reaches a pod's network namespace, so no pod takes a node role's
+    credentials (issue 15: before, hop limit 2 on the GPU nodes). Every node group of the stack
+    launches from a template of ours that says so."""
+    templates = {f"{r.name}-id": r for r in recording.of_type(LT)}
+    for group in recording.of_type(NODE_GROUP):
+        assert "launchTemplate" in group.inputs, f"{group.name}: EKS' default template allows 2 hops"
+        template = templates[group.inputs["launchTemplate"]["id"]]
+        meta = template.inputs["metadataOptions"]
+        assert meta["httpTokens"] == "required", f"{template.name}: IMDSv1 allowed"
+        assert int(meta["httpPutResponseHopLimit"]) == 1, f"{template.name}: pods reach IMDS"
+    assert {g.name for g in recording.of_type(NODE_GROUP)} == {"gpu-gpu", "cluster-system"}
 
 
 def test_launch_template_has_no_subnet_and_no_image(recording: Recording):
     """The node group supplies the subnet; setting an AMI would need a full NodeConfig."""
-    lt = recording.one(LT).inputs
+    lt = recording.one(LT, "gpu-lt").inputs
     assert "imageId" not in lt
     assert all("subnetId" not in i for i in lt["networkInterfaces"])
 
 
 def test_nodeconfig_stripes_local_nvme_raid0(recording: Recording):
-    message = email.message_from_bytes(base64.b64decode(recording.one(LT).inputs["userData"]))
+    message = email.message_from_bytes(base64.b64decode(recording.one(LT, "gpu-lt").inputs["userData"]))
     assert message.is_multipart(), "managed node groups merge MIME multi-part user data only"
     parts = [p for p in message.walk() if p.get_content_type() == "application/node.eks.aws"]
     assert len(parts) == 1
@@ -87,21 +98,21 @@ def test_nodeconfig_stripes_local_nvme_raid0(recording: Recording):
 
 def test_gpu_nodes_can_mount_fsx_when_the_job_uses_it(recording: Recording, stack: str):
     """The FSx CSI driver mounts with the host's Lustre client, which the AL2023 AMI lacks."""
-    message = email.message_from_bytes(base64.b64decode(recording.one(LT).inputs["userData"]))
+    message = email.message_from_bytes(base64.b64decode(recording.one(LT, "gpu-lt").inputs["userData"]))
     scripts = [p.get_payload() for p in message.walk() if p.get_content_type() == "text/x-shellscript"]
     uses_fsx = stack_config(stack).get("fsdp-eks:storage", {}).get("fsx", False)
     assert any("dnf install -y lustre-client" in s for s in scripts) == uses_fsx
 
 
 def test_root_volume_is_large_and_encrypted(recording: Recording):
-    ebs = recording.one(LT).inputs["blockDeviceMappings"][0]["ebs"]
+    ebs = recording.one(LT, "gpu-lt").inputs["blockDeviceMappings"][0]["ebs"]
     assert int(ebs["volumeSize"]) >= 200 and ebs["encrypted"] == "true"
 
 
 def test_placement_group_only_without_reservation(recording: Recording, stack: str):
     reserved = gpu_settings(stack).get("capacityReservationId") is not None
     groups = recording.of_type("aws:ec2/placementGroup:PlacementGroup")
-    placement = recording.one(LT).inputs.get("placement")
+    placement = recording.one(LT, "gpu-lt").inputs.get("placement")
     if reserved:
         assert groups == [] and placement is None, "placement group with a reservation: eksctl #7949"
     else:
@@ -111,7 +122,7 @@ def test_placement_group_only_without_reservation(recording: Recording, stack: s
 
 def test_reservation_is_targeted(recording: Recording, stack: str):
     reservation = gpu_settings(stack).get("capacityReservationId")
-    spec = recording.one(LT).inputs.get("capacityReservationSpecification")
+    spec = recording.one(LT, "gpu-lt").inputs.get("capacityReservationSpecification")
     if reservation is None:
         assert spec is None
     else:
@@ -144,20 +155,35 @@ def test_gpu_node_group_shape(recording: Recording, stack: str):
 
 def test_device_plugins_pinned_and_tolerating_the_gpu_taint(recording: Recording):
     for pin in (versions.NVIDIA_DEVICE_PLUGIN, versions.EFA_DEVICE_PLUGIN):
-        plugin = release(recording, pin).inputs
-        assert plugin["version"] == pin.version and "latest" not in pin.version
-        assert plugin["repositoryOpts"]["repo"] == pin.repo
-        assert tolerates(plugin["values"]["tolerations"], GPU_TAINT), f"{pin.chart} cannot land on GPU nodes"
+        plugin = release(recording, pin)
+        assert installs_pin(plugin, pin), f"{plugin.name}: {plugin.inputs['chart']} {plugin.inputs['version']}"
+        assert tolerates(plugin.inputs["values"]["tolerations"], GPU_TAINT), f"{pin.chart} cannot land on GPU nodes"
 
 
-def test_efa_plugin_kept_to_efa_nodes(recording: Recording):
-    """On a node without EFA devices the plugin crash-loops."""
+def test_efa_plugin_kept_to_the_gpu_instance_type(recording: Recording):
+    """On a node without EFA devices the plugin crash-loops; an existing cluster's GPU nodes
+    carry the instance type (set by the kubelet) but none of our node group's labels."""
     efa = release(recording, versions.EFA_DEVICE_PLUGIN)
-    gpu_labels = recording.one(NODE_GROUP, "gpu-gpu").inputs["labels"]
-    system_labels = recording.one(NODE_GROUP, "cluster-system").inputs["labels"]
+    group = recording.one(NODE_GROUP, "gpu-gpu").inputs
+    system = recording.one(NODE_GROUP, "cluster-system").inputs
     selector = efa.inputs["values"]["nodeSelector"]
-    assert selector.items() <= gpu_labels.items(), "EFA plugin would not run on the GPU nodes"
-    assert not selector.items() <= system_labels.items(), "EFA plugin would run on CPU nodes"
+    assert selector == {"node.kubernetes.io/instance-type": group["instanceTypes"][0]}, selector
+    assert selector["node.kubernetes.io/instance-type"] not in system["instanceTypes"], "EFA plugin on CPU nodes"
+
+
+def test_efa_plugin_image_is_current_and_from_the_stack_region(recording: Recording, stack: str):
+    """The chart's default (plugin v0.5.10 from us-west-2) is replaced by the pinned plugin from
+    the registry of the stack's region (account table of the EKS user guide)."""
+    image = release(recording, versions.EFA_DEVICE_PLUGIN).inputs["values"]["image"]
+    region = stack_config(stack)["aws:region"]
+    assert image["repository"] == f"602401143452.dkr.ecr.{region}.amazonaws.com/eks/aws-efa-k8s-device-plugin"
+    assert image["tag"] == versions.EFA_DEVICE_PLUGIN_IMAGE_TAG != "v0.5.10"
+
+
+def test_eks_image_registry_of_a_region_with_its_own_account():
+    assert versions.eks_image_registry("af-south-1") == "877085696533.dkr.ecr.af-south-1.amazonaws.com"
+    with pytest.raises(ValueError, match="EKS_IMAGE_REGISTRY_ACCOUNTS"):
+        versions.eks_image_registry("xx-nowhere-1")
 
 
 def test_cluster_is_pinned_api_authenticated_without_default_nodes(recording: Recording, stack: str):
@@ -168,10 +194,11 @@ def test_cluster_is_pinned_api_authenticated_without_default_nodes(recording: Re
     assert cluster["authenticationMode"] == "API"
     assert cluster["skipDefaultNodeGroup"] is True
     assert cluster["vpcCniOptions"]["addonVersion"] == addons["vpc-cni"]
-    assert cluster["corednsAddonOptions"]["version"] == addons["coredns"]
+    assert cluster["corednsAddonOptions"]["enabled"] is False, "pulumi-eks would create CoreDNS before any node"
     assert cluster["kubeProxyAddonOptions"]["version"] == addons["kube-proxy"]
     pod_identity = recording.one("aws:eks/addon:Addon", "cluster-pod-identity-agent").inputs
     assert pod_identity["addonVersion"] == addons["eks-pod-identity-agent"]
+    assert recording.one("aws:eks/addon:Addon", "cluster-coredns").inputs["addonVersion"] == addons["coredns"]
 
 
 def test_vpc_cni_new_enough_for_efa_only_interfaces():
@@ -226,7 +253,7 @@ def variant(stack: str, **sections) -> Recording:
 
 def test_capacity_block():
     rec = variant("p5", gpuNodes={"capacityReservationId": "cr-0abc1234def567890", "capacityBlock": True})
-    lt = rec.one(LT).inputs
+    lt = rec.one(LT, "gpu-lt").inputs
     assert lt["instanceMarketOptions"]["marketType"] == "capacity-block"
     assert lt["capacityReservationSpecification"]["capacityReservationTarget"]["capacityReservationId"] == (
         "cr-0abc1234def567890")
@@ -236,7 +263,7 @@ def test_capacity_block():
 
 def test_secondary_interfaces_plain_efa_when_asked():
     rec = variant("p5", gpuNodes={"secondaryInterfaceType": "efa"})
-    assert {i["interfaceType"] for i in rec.one(LT).inputs["networkInterfaces"]} == {"efa"}
+    assert {i["interfaceType"] for i in rec.one(LT, "gpu-lt").inputs["networkInterfaces"]} == {"efa"}
 
 
 def test_existing_vpc_creates_no_network():
@@ -258,3 +285,37 @@ def test_existing_cluster_deploys_only_in_cluster_layers():
         if r.type.startswith("kubernetes:"):
             assert "pulumi:providers:kubernetes::cluster-k8s" in r.provider
     assert rec.exports["cluster_name"] == "research" and "kubeconfig" in rec.secret_exports
+
+
+ADDON = "aws:eks/addon:Addon"
+
+
+def test_gpu_nodes_are_auto_repaired_by_default(recording: Recording):
+    """Checked against the EKS API (NodeRepairConfig: off unless enabled): the GPU node group
+    asks for auto repair; the system node group is left as EKS has it."""
+    gpu, system = (recording.named(n) for n in ("gpu-gpu", "cluster-system"))
+    assert gpu.inputs["nodeRepairConfig"] == {"enabled": True}, gpu.inputs.get("nodeRepairConfig")
+    assert "nodeRepairConfig" not in system.inputs
+
+
+def test_auto_repair_can_be_turned_off():
+    rec = variant("p5", gpuNodes={"autoRepair": False})
+    assert rec.named("gpu-gpu").inputs["nodeRepairConfig"] == {"enabled": False}
+
+
+def test_node_monitoring_agent_is_pinned_and_runs_after_the_node_groups_exist(recording: Recording, stack: str):
+    """Checked against the EKS add-on rule (an add-on that runs pods turns ACTIVE only once
+    nodes can run them) and the versions table: the node monitoring agent, which feeds auto
+    repair, is pinned for the stack's Kubernetes version and waits for the system node group.
+    The GPU nodes need not wait for it: its DaemonSet lands on each node as it joins."""
+    version = stack_config(stack).get("fsdp-eks:cluster", {}).get("kubernetesVersion",
+                                                                   versions.DEFAULT_KUBERNETES_VERSION)
+    agent = next(a for a in recording.of_type(ADDON) if a.inputs["addonName"] == "eks-node-monitoring-agent")
+    assert agent.inputs["addonVersion"] == versions.EKS_ADDONS[version]["eks-node-monitoring-agent"]
+    assert "cluster-system" in agent.dependencies, agent.dependencies
+
+
+def test_every_supported_kubernetes_version_pins_the_node_monitoring_agent():
+    """A version added to the table without the agent would fail at `pulumi up`, not preview."""
+    missing = [v for v, pins in versions.EKS_ADDONS.items() if "eks-node-monitoring-agent" not in pins]
+    assert not missing, f"EKS_ADDONS lacks eks-node-monitoring-agent for {missing}"

@@ -8,6 +8,7 @@ AdamW states.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from components import memory_fit
 from components.hardware import PROFILES
 from components.memory_fit import KNOWN_MODELS, estimate, model_shape
-from tests.harness import parse, raw_settings, settings_error
+from tests.harness import job_settings, parse, raw_settings, settings_error
 
 CONSERVATIVE = {"activationCheckpointing": "full", "batchSize": 1}
 """The issue's 70B cases are about model state: fixed here, whatever the stack files' defaults."""
@@ -160,3 +161,36 @@ def test_tiny_is_not_checked():
 def test_the_budget_is_90_percent_of_the_gpu():
     """Checked against the profiles: 80 GiB GPUs give 72 GiB."""
     assert memory_fit.budget_gib(PROFILES["p5"]) == pytest.approx(72.0)
+
+
+def _with_job(**values):
+    """The p5 stack's settings with this job (snake_case fields), no rule applied."""
+    return dataclasses.replace(parse(raw_settings("p5")), job=job_settings(**values))
+
+
+def test_async_checkpoint_copy_that_does_not_fit_host_memory_is_refused():
+    """Checked against 12 B per parameter (fp32 weights + two AdamW moments) over the shard
+    group and the pod's 96 GiB request per GPU: 70B on one p5 stages 12 x 69.0e9 / 8 = 96.4 GiB
+    per process, refused under job.asyncCheckpoint with the ways out; with asyncCheckpoint
+    false, or on 4 nodes (24.1 GiB), nothing is said about host memory."""
+    job = {"model": "meta-llama/Llama-2-70b-hf", "sharding": "FULL_SHARD",
+           "activation_checkpointing": "full", "batch_size": 1}
+    problems = memory_fit.staging_problems(_with_job(nodes=1, **job))
+    assert [p.key for p in problems] == ["job.asyncCheckpoint"]
+    assert "96.4 GiB per GPU process" in problems[0].fix
+    assert "job.asyncCheckpoint false" in problems[0].fix and "more nodes" in problems[0].fix
+    assert memory_fit.staging_problems(_with_job(nodes=1, async_checkpoint=False, **job)) == []
+    assert memory_fit.staging_problems(_with_job(nodes=4, **job)) == []
+    message = refusal(raw("p5", nodes=1, model=job["model"], sharding="FULL_SHARD", **CONSERVATIVE))
+    assert "fsdp-eks:job.asyncCheckpoint = True" in message, "the rule runs at preview"
+
+
+@pytest.mark.parametrize("sharding", ["FULL_SHARD", "HYBRID_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
+def test_the_staged_copy_is_three_quarters_of_the_sharded_states(sharding):
+    """Checked against the GPU estimate's states term (16 B: weights, gradients, two moments)
+    over the same shard group: the checkpoint copies all of it but the gradients (12 B)."""
+    shape = KNOWN_MODELS["meta-llama/llama-2-13b-hf"]
+    on_gpu = estimate(shape, sharding=sharding, nodes=2, gpus_per_node=8, batch_size=1, seq_len=4096,
+                      activation_checkpointing="full")
+    staged = memory_fit.staging_gib(shape, sharding=sharding, nodes=2, gpus_per_node=8)
+    assert staged == pytest.approx(on_gpu.states * 12 / 16)

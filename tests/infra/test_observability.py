@@ -1,6 +1,6 @@
 """The monitoring stack under mocks, both stacks and the options: what Kubernetes and AWS receive.
 
-Checked against the charts' documented values (kube-prometheus-stack 91.x, dcgm-exporter 4.8.3),
+Checked against the charts' documented values (kube-prometheus-stack 88.5.3, dcgm-exporter 4.8.2),
 DESIGN.md's observability facts (ServiceMonitor pick-up, dashboard label, one DCGM exporter per
 GPU node), the CloudWatch agent operator's GPU opt-out, and Kubernetes' own schemas
 (kubernetes-validate, strict) for the core objects.
@@ -17,6 +17,7 @@ import pytest
 from components import versions
 from components.cluster import SYSTEM_NODE_LABEL
 from components.dashboards import gpu_training
+from components.hardware import PROFILES
 from components.observability import (
     DCGM_COUNTERS_PATH,
     MONITORING_NAMESPACE,
@@ -31,6 +32,7 @@ from tests.harness import (
     HELM,
     POD_IDENTITY,
     Recording,
+    installs_pin,
     Registration,
     plain,
     pod_identity,
@@ -54,7 +56,7 @@ CHART_DEFAULT_METRICS = {
     "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
     "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES",
 }
-"""dcgm-exporter chart 4.8.3's default list (templates/metrics-configmap.yaml)."""
+"""dcgm-exporter chart 4.8.2's default list (templates/metrics-configmap.yaml)."""
 HEALTH_METRICS = {
     "DCGM_FI_DEV_XID_ERRORS": "gauge",  # the code of the last Xid
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "counter",
@@ -108,9 +110,11 @@ def addons(recording: Recording, name: str) -> list[Registration]:
     return [r for r in recording.of_type(ADDON) if r.inputs["addonName"] == name]
 
 
-def requires_gpu_node(affinity: dict) -> bool:
+def requires_gpu_node(affinity: dict, instance_type: str) -> bool:
+    """Requires the GPU instance type: a label of our GPU nodes and of an existing cluster's alike."""
     terms = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    return terms == [{"matchExpressions": [{"key": "nvidia.com/gpu", "operator": "In", "values": ["true"]}]}]
+    expected = {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": [instance_type]}
+    return terms == [{"matchExpressions": [expected]}]
 
 
 # --------------------------------------------------------------------------- both stacks
@@ -119,7 +123,7 @@ def requires_gpu_node(affinity: dict) -> bool:
 def test_charts_are_pinned(recording: Recording):
     for chart in (versions.KUBE_PROMETHEUS_STACK, versions.DCGM_EXPORTER):
         r = release(recording, chart)
-        assert (r.inputs["version"], r.inputs["repositoryOpts"]["repo"]) == (chart.version, chart.repo)
+        assert installs_pin(r, chart), f"{r.name}: {r.inputs['chart']} {r.inputs['version']}"
         assert r.inputs["namespace"] == MONITORING_NAMESPACE
         assert r.provider and "cluster-k8s" in r.provider, "in-cluster objects use the cluster's provider"
 
@@ -142,14 +146,14 @@ def test_our_monitors_and_rules_carry_the_release_label(recording: Recording):
     )
 
 
-def test_dcgm_exporter_only_on_gpu_nodes(recording: Recording):
+def test_dcgm_exporter_only_on_gpu_nodes(recording: Recording, stack: str):
     values = release(recording, versions.DCGM_EXPORTER).inputs["values"]
     assert tolerates(values["tolerations"], GPU_TAINT)
-    assert requires_gpu_node(values["affinity"])
+    assert requires_gpu_node(values["affinity"], PROFILES[stack_config(stack)["fsdp-eks:profile"]].instance_type)
 
 
 def test_dcgm_exporter_exports_the_health_metrics(recording: Recording):
-    """Checked against the CSV the chart receives (``customMetrics``) and chart 4.8.3's default list."""
+    """Checked against the CSV the chart receives (``customMetrics``) and chart 4.8.2's default list."""
     values = release(recording, versions.DCGM_EXPORTER).inputs["values"]
     assert values["arguments"] == ["-f", DCGM_COUNTERS_PATH]
     exported = dcgm_exported_metrics(values["customMetrics"])
@@ -224,8 +228,8 @@ def test_prometheus_storage_and_retention(recording: Recording, stack: str):
     assert claim["resources"]["requests"]["storage"] == f"{wanted['prometheusStorageGiB']}Gi"
     assert spec["retention"] == wanted["prometheusRetention"]
     assert int(spec["retentionSize"].removesuffix("GB")) < wanted["prometheusStorageGiB"], "stop before the disk is full"
-    assert spec["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Delete", (
-        "the StatefulSet's claim (not Helm's) is deleted with it"
+    assert spec["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain", (
+        "the claim is the stack's own: the StatefulSet must not garbage-collect it"
     )
 
 
@@ -283,7 +287,7 @@ def test_debug_tools_daemonset(options_recording: Recording):
     pod = ds.inputs["spec"]["template"]["spec"]
     [container] = pod["containers"]
     assert container["image"] == versions.DEBUG_TOOLS_IMAGE and ":latest" not in container["image"]
-    assert tolerates(pod["tolerations"], GPU_TAINT) and requires_gpu_node(pod["affinity"])
+    assert tolerates(pod["tolerations"], GPU_TAINT) and requires_gpu_node(pod["affinity"], "p5.48xlarge")
     assert pod["hostPID"] is True, "htop sees the training processes"
     assert "nvidia.com/gpu" not in json.dumps(container.get("resources", {})), "takes no GPU from the job"
     assert container["command"][-1].endswith("exec sleep infinity")

@@ -21,22 +21,22 @@ from components.training_job import APP_UID
 from tests.harness import (
     GPU_TAINT,
     HELM,
+    POD_IDENTITY,
     PYTORCHJOB,
     Recording,
+    installs_pin,
     Registration,
     container,
     job_of,
     parse,
     parse_flags,
     plain,
-    pod_identity,
     raw_settings,
     release,
     run_program,
     settings_error,
     stack_config,
     tolerates,
-    trusted_by_pod_identity,
     worker,
 )
 
@@ -74,8 +74,14 @@ def volume(rec: Recording) -> dict:
     return plain(rec.one(PV).inputs)
 
 
+def shared_claims(rec: Recording) -> list:
+    """The claims of the shared storage (not Prometheus' own claim, tests/infra/test_observability.py)."""
+    return [r for r in rec.of_type(PVC) if not r.name.startswith("observability-")]
+
+
 def claim(rec: Recording) -> dict:
-    return plain(rec.one(PVC).inputs)
+    (r,) = shared_claims(rec)
+    return plain(r.inputs)
 
 
 def opens(rules: list[dict], lo: int, hi: int, *, self_: bool, group: str) -> bool:
@@ -170,7 +176,7 @@ def test_the_stack_exports_the_file_system_id(recording: Recording):
 def test_csi_driver_is_pinned_and_lands_on_the_gpu_nodes(recording: Recording):
     driver = release(recording, versions.FSX_CSI_DRIVER)
     pin = versions.FSX_CSI_DRIVER
-    assert (driver.inputs["version"], driver.inputs["repositoryOpts"]["repo"]) == (pin.version, pin.repo)
+    assert installs_pin(driver, pin), f"{driver.name}: {driver.inputs['chart']} {driver.inputs['version']}"
     assert all(part.isdigit() for part in pin.version.split(".")), f"{pin.chart} {pin.version}: not an exact version"
     assert driver.inputs["namespace"] == "kube-system"
     assert driver.provider and "cluster-k8s" in driver.provider, "in-cluster objects use the cluster's provider"
@@ -180,14 +186,19 @@ def test_csi_driver_is_pinned_and_lands_on_the_gpu_nodes(recording: Recording):
     assert driver.inputs["values"]["controller"]["nodeSelector"] == SYSTEM_NODE_LABEL
 
 
-def test_csi_controller_has_fsx_access_through_pod_identity_before_it_starts(recording: Recording):
+def test_csi_driver_gets_no_aws_credentials_for_a_static_volume(recording: Recording, stack: str):
+    """Checked against the FSx CSI driver's code paths: a static volume makes it call no FSx API
+    (no CreateVolume / DeleteVolume without a StorageClass), so neither of its service accounts
+    gets a Pod Identity role (issue 15: before, ``AmazonFSxFullAccess`` on the controller). Its
+    region comes from the chart's values: with IMDS closed to pods, its Kubernetes-API metadata
+    fallback carries none (aws-fsx-csi-driver pkg/cloud/metadata_k8s.go)."""
     driver = release(recording, versions.FSX_CSI_DRIVER)
-    account = driver.inputs["values"]["controller"]["serviceAccount"]["name"]
-    assoc, role, policy = pod_identity(recording, driver.inputs["namespace"], account)
-    assert trusted_by_pod_identity(role), f"{role.name}: EKS Pod Identity cannot assume it"
-    assert policy == "arn:aws:iam::aws:policy/AmazonFSxFullAccess", f"{role.name}: {policy}"
-    assert assoc.name in driver.dependencies, f"{driver.name} starts before its credentials exist"
-    assert "cluster-pod-identity-agent" in assoc.dependencies
+    values = driver.inputs["values"]
+    accounts = {(driver.inputs["namespace"], values[part]["serviceAccount"]["name"]) for part in ("controller", "node")}
+    granted = [(r.inputs["namespace"], r.inputs["serviceAccount"]) for r in recording.of_type(POD_IDENTITY)]
+    assert not accounts & set(granted), f"FSx CSI service accounts with AWS credentials: {accounts & set(granted)}"
+    region = stack_config(stack)["aws:region"]
+    assert values["controller"]["region"] == values["node"]["region"] == region
 
 
 # --------------------------------------------------------------------------- both stacks: volume and claim
@@ -196,7 +207,7 @@ def test_csi_controller_has_fsx_access_through_pod_identity_before_it_starts(rec
 @pytest.mark.parametrize("type_", [PV, PVC])
 def test_volume_and_claim_validate_strictly(recording: Recording, type_: str):
     """Checked against Kubernetes 1.33's OpenAPI schemas (kubernetes-validate, strict)."""
-    (r,) = recording.of_type(type_)
+    (r,) = shared_claims(recording) if type_ == PVC else recording.of_type(type_)
     body = {"apiVersion": "v1", "kind": type_.rsplit(":", 1)[1], **plain(r.inputs)}
     kubernetes_validate.validate(body, "1.33", strict=True)
 
@@ -224,12 +235,12 @@ def test_claim_binds_only_that_volume_in_the_job_namespace(recording: Recording)
     assert pvc["spec"]["storageClassName"] == pv["spec"]["storageClassName"] == "", "no dynamic provisioning"
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     assert pvc["spec"]["resources"]["requests"]["storage"] == pv["spec"]["capacity"]["storage"]
-    for r in (recording.one(PV), recording.one(PVC)):
+    for r in (recording.one(PV), *shared_claims(recording)):
         assert r.provider and "cluster-k8s" in r.provider, f"{r.name}: not on the cluster's provider"
 
 
 def test_claim_comes_after_its_namespace_and_volume_and_before_the_job(recording: Recording):
-    pvc, job = recording.one(PVC), recording.one(PYTORCHJOB)
+    (pvc,), job = shared_claims(recording), recording.one(PYTORCHJOB)
     assert {"training-job-namespace", recording.one(PV).name} <= set(pvc.dependencies), pvc.dependencies
     assert pvc.name in job.dependencies, "the job's pods would wait for a claim that does not exist yet"
 
@@ -299,8 +310,9 @@ def single_node_recording() -> Recording:
 
 def test_single_node_without_storage_keeps_checkpoints_on_nvme(single_node_recording: Recording):
     rec = single_node_recording
-    for type_ in (FSX, PV, PVC):
+    for type_ in (FSX, PV):
         assert rec.of_type(type_) == [], f"{type_} created without shared storage"
+    assert shared_claims(rec) == [], "a shared claim created without shared storage"
     assert [r for r in rec.of_type(HELM) if r.inputs["chart"] == versions.FSX_CSI_DRIVER.chart] == []
     assert "fsx_file_system_id" not in rec.exports
     job = job_of(rec)
@@ -377,7 +389,7 @@ def test_an_existing_cluster_mounts_the_claim_the_user_brings():
     config["fsdp-eks:cluster"] = {**config["fsdp-eks:cluster"], "existingClusterName": "research"}
     config["fsdp-eks:storage"] = {"existingClaimName": "team-checkpoints"}
     rec = run_program(config, "p5-existing-claim")
-    assert rec.of_type(FSX) == [] and rec.of_type(PV) == [] and rec.of_type(PVC) == [], "nothing to create"
+    assert rec.of_type(FSX) == [] and rec.of_type(PV) == [] and shared_claims(rec) == [], "nothing to create"
     job = job_of(rec)
     claims = [v["persistentVolumeClaim"]["claimName"] for v in worker(job)["template"]["spec"]["volumes"]
               if "persistentVolumeClaim" in v]

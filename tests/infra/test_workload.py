@@ -269,11 +269,16 @@ def test_etcd_is_pinned_3_5_with_the_v2_api_on_the_system_nodes(recording: Recor
     assert etcd["resources"]["requests"]["cpu"] and etcd["resources"]["requests"]["memory"]
 
 
-def test_operator_is_the_v1_9_4_standalone_overlay_applied_server_side(recording: Recording):
-    """Checked against DESIGN.md: pinned tag, never master, server-side apply (CRD > 262 kB)."""
+def test_operator_is_the_vendored_v1_9_4_overlay_applied_server_side(recording: Recording):
+    """Checked against DESIGN.md: pinned tag, never master, server-side apply (CRD > 262 kB). The
+    directory is the repository's own (no git at deploy time), relative to the project root, and
+    builds on the vendored v1.9.4 standalone overlay (rendered in test_rendered)."""
     operator = recording.one(KUSTOMIZE)
     directory = operator.inputs["directory"]
-    assert directory == "https://github.com/kubeflow/trainer.git//manifests/overlays/standalone?ref=v1.9.4"
+    assert directory == "components/kustomize/training-operator-system-nodes"
+    root = Path(__file__).resolve().parents[2]
+    kustomization = yaml.safe_load((root / directory / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["../training-operator-v1.9.4/manifests/overlays/standalone"]
     provider = recording.one("pulumi:providers:kubernetes", operator.provider.split("::")[-2])
     assert provider.inputs["enableServerSideApply"] in (True, "true")
     assert recording.one(PYTORCHJOB).provider == operator.provider

@@ -116,6 +116,8 @@ TRAINING_METRICS: dict[str, str] = {
     "fsdp_train_step_seconds": "gauge",
     "fsdp_train_last_checkpoint_timestamp_seconds": "gauge",
     "fsdp_train_last_step_timestamp_seconds": "gauge",
+    "fsdp_train_eval_loss": "gauge",
+    "fsdp_train_eval_perplexity": "gauge",
 }
 """What the training package exports (names fixed with the training package's author)."""
 

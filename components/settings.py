@@ -8,6 +8,7 @@ without a cycle.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -125,15 +126,41 @@ STACK_OWNED_TRAINING_FIELDS = ("checkpoint_dir", "output_dir", "cache_dir", "met
                                "metrics_file")
 """Training flags the stack sets itself (where the pod's volumes and ports are); not stack keys."""
 
+DATASET_DEFAULTS: dict[str, Any] = {
+    "dataset": "knkarthick/samsum",
+    "data_format": "fields",
+    "prompt_field": "dialogue",
+    "response_field": "summary",
+    "prompt_template": "Summarize this dialog:\n{dialogue}\n---\nSummary:\n",
+}
+"""The seed's dataset: samsum (dialogue -> summary) with llama-recipes' prompt, the summary
+trained on and the prompt masked (meta-llama/llama-recipes,
+src/llama_recipes/datasets/samsum_dataset.py), from the hub's knkarthick/samsum: the original
+``samsum`` / ``Samsung/samsum`` repo was a loading script, which ``datasets`` >= 3 no longer
+runs, and it is gone from the hub (huggingface/datasets#7573, meta-llama/llama-cookbook#948);
+knkarthick/samsum holds the same train/validation/test splits as plain data files, which
+``datasets`` reads without running code, and its validation split is the job's. The stack
+applies these only while ``job.dataset`` is not set: a stack file naming its own dataset gets
+the package's defaults (format auto-detected) for the keys it does not give."""
+
 TRAINING_DEFAULTS: dict[str, Any] = {
     "model": "meta-llama/Llama-2-7b-hf",
     "warmup_steps": 100,
     "activation_checkpointing": "full",
     "checkpoint_every": 200,
+    **DATASET_DEFAULTS,
 }
 """A production run's defaults where they differ from the training package's (whose own defaults
 suit the tiny offline demo): a real model, a longer warm-up, every block recomputed (fits any
-model the fit check accepts), a checkpoint every 200 steps."""
+model the fit check accepts), a checkpoint every 200 steps, the seed's samsum data."""
+
+
+def training_defaults(given: Collection[str]) -> dict[str, Any]:
+    """The stack's training defaults for a stack file that gives the training fields ``given``
+    (snake_case): without the samsum mapping when it names its own dataset."""
+    if "dataset" not in given:
+        return dict(TRAINING_DEFAULTS)
+    return {k: v for k, v in TRAINING_DEFAULTS.items() if k not in DATASET_DEFAULTS}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,7 +172,7 @@ class JobSettings:
     the package's own rules at preview and passed to the pod as the package's flags.
     """
 
-    training: JobConfig = field(default_factory=lambda: training_config.from_fields(TRAINING_DEFAULTS))
+    training: JobConfig = field(default_factory=lambda: training_config.from_fields(training_defaults(())))
     """The fine-tune: the training package's config (stack keys ``job.model``, ``job.seqLen`` ...)."""
     model_parameters: float | None = None
     """Parameters in billions, for models the GPU-memory fit check does not know."""

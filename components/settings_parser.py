@@ -30,12 +30,12 @@ from components.settings import (
     SECRET_KEYS,
     SECTIONS,
     STACK_OWNED_TRAINING_FIELDS,
-    TRAINING_DEFAULTS,
     JobSettings,
     Problem,
     Secrets,
     Settings,
     SettingsError,
+    training_defaults,
 )
 from components.settings_rules import RULES, WARNINGS
 from training import config as training_config
@@ -142,7 +142,7 @@ def _in_stack_terms(text: str) -> str:
 def _parse_training(raw: Mapping[str, Any], problems: list[Problem]) -> training_config.JobConfig | None:
     """The training keys of ``job`` -> the package's ``JobConfig``, validated by its own rules."""
     hints = training_config.field_types()
-    values = dict(TRAINING_DEFAULTS)
+    values = training_defaults([snake(k) for k in raw])
     for raw_key, value in raw.items():
         name = snake(raw_key)
         if name in STACK_OWNED_TRAINING_FIELDS:

@@ -20,11 +20,11 @@ from components.offline import (
 )
 from components.settings import (
     SECRET_KEYS,
-    TRAINING_DEFAULTS,
     JobSettings,
     Secrets,
     Settings,
     SettingsError,
+    training_defaults,
 )
 from components.settings_parser import parse_settings
 from training import config as training_config
@@ -54,7 +54,7 @@ def job_settings(**values: Any) -> JobSettings:
     """A job with the stack's defaults and these fields changed: the job's own (``nodes``) and
     the training package's (``seq_len``), as snake_case names."""
     own = {k: values.pop(k) for k in list(values) if k in {f.name for f in dataclasses.fields(JobSettings)}}
-    return JobSettings(training=training_config.from_fields({**TRAINING_DEFAULTS, **values}), **own)
+    return JobSettings(training=training_config.from_fields({**training_defaults(values), **values}), **own)
 
 
 def region_of(config: dict) -> str:

@@ -71,6 +71,8 @@ COMPLETE_MARKER = "COMPLETE"
 MANIFEST = "MANIFEST.json"
 DCP_METADATA = ".metadata"
 MODEL_KEY, OPTIMIZER_KEY, TRAINER_KEY = "model", "optimizer", "trainer"
+EVAL_LOSS_KEY = "eval_loss"
+"""Key of the validation loss in a COMPLETE marker, when the step was evaluated (--keep-best)."""
 CHUNK = 16 << 20
 """Bytes read at a time when checksumming."""
 
@@ -149,6 +151,20 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
                     and (path / COMPLETE_MARKER).is_file()):
                 found.append((int(name[len(STEP_PREFIX):]), path))
     return sorted(found)
+
+
+def best_checkpoint(root: Path) -> tuple[int, Path, float] | None:
+    """(step, path, validation loss) of the complete checkpoint with the lowest validation loss
+    recorded in its marker (the newest among equals); None if none records one."""
+    scored = []
+    for step, path in complete_checkpoints(root):
+        loss = json.loads((path / COMPLETE_MARKER).read_text() or "{}").get(EVAL_LOSS_KEY)
+        if loss is not None:
+            scored.append((loss, -step, path))
+    if not scored:
+        return None
+    loss, neg_step, path = min(scored)
+    return -neg_step, path, loss
 
 
 def _fsync_dir(path: Path) -> None:
@@ -235,12 +251,13 @@ class _PendingSave:
 
 
 class Checkpointer:
-    """Save and load the whole training state; keep the newest K complete checkpoints."""
+    """Save and load the whole training state; keep the newest K complete checkpoints (and,
+    with keep_best, the one with the lowest validation loss)."""
 
     def __init__(self, root: str, keep: int, env: DistEnv, *, async_save: bool = True,
-                 timeout_s: float = 600.0):
+                 timeout_s: float = 600.0, keep_best: bool = False):
         self.root, self.keep, self.env = Path(root), keep, env
-        self.async_save, self.timeout_s = async_save, timeout_s
+        self.async_save, self.timeout_s, self.keep_best = async_save, timeout_s, keep_best
         if env.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
         # DCP's own collectives (plans, write results) run in the background thread of an
@@ -303,11 +320,29 @@ class Checkpointer:
         problems = sorted(p for ps in everyone for p in ps)
         return problems or None
 
+    def best(self) -> tuple[int, Path, float] | None:
+        """`best_checkpoint` as rank 0 sees it, once any pending save is complete (all ranks
+        get the same answer)."""
+        self.wait()
+        choice = [best_checkpoint(self.root) if self.env.is_main else None]
+        dist.broadcast_object_list(choice, src=0)
+        return choice[0]
+
+    def load_model(self, path: Path, model) -> list[str]:
+        """Only the model's weights of a checkpoint (the best one, to export it), after
+        verifying its files; [] on success, else what is wrong (the same on every rank)."""
+        return self.verify(path) or self._load_state(path, {MODEL_KEY: ModelState(model)})
+
     def _try_load(self, path: Path, model, optimizer, trainer: TrainerState) -> list[str]:
         """Load; [] on success, else what DCP said (the same on every rank)."""
+        return self._load_state(path, self._state(model, optimizer, trainer))
+
+    def _load_state(self, path: Path, state: dict) -> list[str]:
+        """Load ``state``'s keys from the checkpoint; [] on success, else what DCP said (the
+        same on every rank)."""
         error = None
         try:
-            dcp.load(self._state(model, optimizer, trainer), checkpoint_id=str(path))
+            dcp.load(state, checkpoint_id=str(path))
         # CheckpointException derives from BaseException, not Exception (torch's api.py).
         except (CheckpointException, OSError, ValueError, RuntimeError) as e:
             error = f"DCP cannot load it: {_first_line(e)}"
@@ -413,9 +448,12 @@ class Checkpointer:
         self._hasher.shutdown()
 
     def _prune(self) -> None:
-        """Delete all but the newest K complete checkpoints, and stale partial ones."""
+        """Delete all but the newest K complete checkpoints (and the best, with keep_best), and
+        stale partial ones."""
+        best = best_checkpoint(self.root) if self.keep_best else None
         for _, path in complete_checkpoints(self.root)[:-self.keep]:
-            shutil.rmtree(path, ignore_errors=True)
+            if best is None or path != best[1]:
+                shutil.rmtree(path, ignore_errors=True)
         for path in self.root.glob(f".{STEP_PREFIX}*{TMP_SUFFIX}"):
             shutil.rmtree(path, ignore_errors=True)
 

@@ -7,6 +7,7 @@ FSDP_EKS_TEST_* (see `checkpoint.TEST_KILL_IN_SAVE_ENV` and `TEST_STEP_DELAY_ENV
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -25,15 +26,16 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from training import hub
-from training.checkpoint import Checkpointer, TrainerState
-from training.config import JobConfig, OptimConfig, parse_args
-from training.dataset import IGNORE_INDEX, PackedData, StepSampler, load_records, pack
+from training.checkpoint import EVAL_LOSS_KEY, Checkpointer, TrainerState
+from training.config import JobConfig, OptimConfig, flag, parse_args
+from training.dataset import (IGNORE_INDEX, PackedData, Records, StepSampler, eval_rows,
+                              pack_records, prepare)
 from training.dist import DistEnv, all_sum, check_locked_memory, init_distributed
 from training.errors import OOM_ADVICE, UserError
 from training.export import export_hf
 from training.loss import install_loss_forward
-from training.metrics import (JsonLines, device_name, dtype_name, model_flops, peak_flops,
-                              step_metrics, summarize)
+from training.metrics import (JsonLines, device_name, dtype_name, eval_metrics, eval_summary,
+                              model_flops, peak_flops, step_metrics, summarize)
 from training.model import allocate, build_meta_model, load_weights, set_sdpa_backend
 from training.parallel import (DTYPES, build_mesh, compute_dtype, float8_post_step, parallelize,
                               set_requires_gradient_sync)
@@ -69,21 +71,68 @@ def _setup_logging(env: DistEnv) -> None:
     transformers.utils.logging.disable_progress_bar()  # our own log lines say what loads
 
 
-def _build_data(cfg: JobConfig, tokenizer, env: DistEnv) -> tuple[PackedData, StepSampler]:
-    loaded: dict[str, list] = {}
+def _check_paths(cfg: JobConfig) -> None:
+    """Refuse output paths that cannot be used, before any data is read or model built: an
+    existing file (or a file among the parents) where a directory must go, a directory where
+    the metrics file must go, and --keep-best without checkpoints to choose from."""
+    c = cfg.checkpoint
+    for name, value in (("checkpoint_dir", c.checkpoint_dir), ("output_dir", c.output_dir)):
+        if value is None:
+            continue
+        path = Path(value).expanduser()
+        blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            what = "" if blocking == path else f": {blocking} is a file"
+            raise UserError(f"{flag(name)} {value}: exists and is not a directory{what}; give "
+                            "a directory path (it is created if missing)")
+    metrics = cfg.metrics.metrics_file
+    if metrics is not None and Path(metrics).expanduser().is_dir():
+        raise UserError(f"--metrics-file {metrics}: is a directory; give a file path")
+    if c.keep_best and c.checkpoint_dir is None:
+        raise UserError("--keep-best: needs --checkpoint-dir (the best checkpoint is kept there "
+                        "and exported at the end)")
+
+
+def _build_records(cfg: JobConfig, env: DistEnv) -> Records:
+    """Load, split and check every record, before the model is fetched: a bad record or file
+    fails the run in seconds, with the same message on every rank."""
+    loaded: dict[str, Records] = {}
 
     def load() -> str:
-        loaded["records"] = load_records(cfg.data, cfg.model.cache_dir)
+        loaded["records"] = prepare(cfg.data, cfg.model.cache_dir)
         return ""
 
     hub.on_node_leader_first(env, load)  # one process per node fills the datasets cache first
-    records = loaded["records"] if env.is_local_main else load_records(cfg.data,
-                                                                         cfg.model.cache_dir)
-    data = pack(records, tokenizer, cfg.data.seq_len, cfg.data.mask_prompt)
+    records = loaded.get("records") or prepare(cfg.data, cfg.model.cache_dir)
+    log.info("data: %s format, %d training and %d validation records (validation: %s)",
+             records.fmt, len(records.train), len(records.val), records.val_source)
+    return records
+
+
+def _build_data(cfg: JobConfig, records: Records, tokenizer,
+                env: DistEnv) -> tuple[PackedData, PackedData | None, StepSampler]:
+    """Tokenize and pack the training and validation examples; the order of the training
+    rows."""
+    chat = records.fmt == "chat"
+    data = pack_records(records.train, tokenizer, cfg.data, chat)
+    if not len(data):
+        raise UserError(f"--dataset: no training example keeps a trained token within --seq-len "
+                        f"{cfg.data.seq_len} ({json.dumps(data.stats)}); raise --seq-len")
+    log.info("training data: %s", json.dumps(data.stats))
+    if data.stats["examples_truncated"]:
+        log.warning("%d of %d training examples are longer than --seq-len %d and lose their "
+                    "end (%d tokens)", data.stats["examples_truncated"], data.stats["examples"],
+                    cfg.data.seq_len, data.stats["tokens_cropped"])
+    val = pack_records(records.val, tokenizer, cfg.data, chat) if records.val else None
+    if val is not None:
+        log.info("validation data: %s", json.dumps(val.stats))
+    if val is not None and not len(val):
+        log.warning("no validation example keeps a trained token within --seq-len: no "
+                    "evaluation")
+        val = None
     sampler = StepSampler(len(data), env.world_size, env.rank, cfg.train.batch_size,
                           cfg.train.grad_accum, cfg.train.seed)
-    log.info("data: %s", json.dumps(data.stats))
-    return data, sampler
+    return data, val, sampler
 
 
 def _parallelize(cfg: JobConfig, model: nn.Module, env: DistEnv,
@@ -147,7 +196,7 @@ class WarmupCosine:
 # ----------------------------------------------------------------------------- the step
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
                scheduler: torch.optim.lr_scheduler.LRScheduler,
-               micro_batches: list[tuple[torch.Tensor, torch.Tensor]], max_grad_norm: float,
+               micro_batches: list[tuple[torch.Tensor, ...]], max_grad_norm: float,
                env: DistEnv) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step over gradient-accumulation micro-batches; returns (loss, grad norm)
     as 0-d device tensors.
@@ -158,14 +207,14 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     token count is summed on the device and the results stay tensors, so the host can queue
     the next step while this one runs (`float()` on a result waits for it).
     """
-    targets = torch.stack([(y != IGNORE_INDEX).sum() for _, y in micro_batches]).sum()
+    targets = torch.stack([(batch[1] != IGNORE_INDEX).sum() for batch in micro_batches]).sum()
     targets = targets.to(torch.float64)
     counted = dist.all_reduce(targets, async_op=True)  # waited for after the first forward
     scale = None
     loss_sum = torch.zeros((), device=env.device)
-    for i, (inputs, labels) in enumerate(micro_batches):
+    for i, batch in enumerate(micro_batches):  # (inputs, labels, position ids)
         set_requires_gradient_sync(model, i == len(micro_batches) - 1)
-        loss = model(inputs, labels)  # summed token loss (training/loss.py)
+        loss = model(*batch)  # summed token loss (training/loss.py)
         if scale is None:
             counted.wait()  # the compute stream waits; the host does not
             targets = targets.clamp(min=1.0)
@@ -182,21 +231,62 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     return (loss_sum / targets).float(), grad_norm
 
 
+def evaluate(model: nn.Module, val: PackedData, batch_size: int, env: DistEnv) -> tuple[float,
+                                                                                      int]:
+    """(mean token loss, target tokens) over the whole validation set: every rank takes every
+    world-th row, sums its token losses and counts, and one all-reduce adds them up, so the
+    result does not depend on the world size. Eval mode (no dropout), no gradients."""
+    model.eval()
+    sums = torch.zeros(2, dtype=torch.float64, device=env.device)
+    with torch.no_grad():
+        for rows in eval_rows(len(val), env.world_size, env.rank, batch_size):
+            index = torch.tensor(rows).clamp(min=0)
+            labels = val.targets[index].masked_fill(torch.tensor(rows)[:, None] < 0, IGNORE_INDEX)
+            batch = (val.inputs[index], labels, val.positions[index])
+            sums[0] += model(*(t.to(env.device) for t in batch)).double()
+            sums[1] += (labels != IGNORE_INDEX).sum().item()
+    dist.all_reduce(sums)
+    model.train()
+    return float(sums[0] / sums[1].clamp(min=1)), int(sums[1])
+
+
 # ----------------------------------------------------------------------------- the loop
 @dataclass
 class _Run:
     """What the loop needs besides the model (keeps `run` readable)."""
 
     data: PackedData
+    val: PackedData | None
     sampler: StepSampler
     state: TrainerState
+    evals: list[dict] = dataclasses.field(default_factory=list)
+    """This process's evaluation records, in order."""
 
 
-def _micro_batches(run: _Run, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _micro_batches(run: _Run, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
     indices, run.state.epoch, run.state.offset = run.sampler.next_step(run.state.epoch,
                                                                        run.state.offset)
-    return [(run.data.inputs[i].to(device, non_blocking=True),
-             run.data.targets[i].to(device, non_blocking=True)) for i in indices]
+    return [tuple(t[i].to(device, non_blocking=True)
+                  for t in (run.data.inputs, run.data.targets, run.data.positions))
+            for i in indices]
+
+
+def _eval_due(cfg: JobConfig, run: _Run, step: int, total: int) -> bool:
+    """After the last step, and every --eval-every steps (0: at the end of every epoch)."""
+    every = cfg.train.eval_every
+    return run.val is not None and (
+        step == total or (step % every == 0 if every else run.sampler.epoch_done(run.state.offset)))
+
+
+def _evaluate(cfg: JobConfig, run: _Run, model: nn.Module, env: DistEnv) -> dict:
+    started = time.perf_counter()
+    loss, tokens = evaluate(model, run.val, cfg.train.batch_size, env)
+    m = eval_metrics(step=run.state.step, epoch=run.state.epoch, loss=loss, tokens=tokens,
+                     eval_time_s=time.perf_counter() - started)
+    run.evals.append(m)
+    log.info("eval at step %d | loss %.4f | perplexity %.3f | %d tokens | %.1f s",
+             run.state.step, loss, m["eval/perplexity"], tokens, m["eval/time_s"])
+    return m
 
 
 def _describe(cfg: JobConfig, env: DistEnv, model: nn.Module) -> dict:
@@ -227,9 +317,11 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
     from transformers import AutoTokenizer
     from tqdm import tqdm
 
+    _check_paths(cfg)
+    records = _build_records(cfg, env)
     model_dir = hub.fetch_model(cfg.model.model, cfg.model.cache_dir, cfg.train.seed, env)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    data, sampler = _build_data(cfg, tokenizer, env)
+    data, val, sampler = _build_data(cfg, records, tokenizer, env)
     model = _build_model(cfg, model_dir, env)
     optimizer = _build_optimizer(model, cfg.optim, env.device)
     schedule = WarmupCosine(cfg.optim.warmup_steps, 1, cfg.optim.min_lr_ratio)
@@ -239,7 +331,8 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
 
     ckpt = (Checkpointer(cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep_checkpoints, env,
                          async_save=cfg.checkpoint.async_checkpoint,
-                         timeout_s=cfg.parallel.collective_timeout_s)
+                         timeout_s=cfg.parallel.collective_timeout_s,
+                         keep_best=cfg.checkpoint.keep_best)
             if cfg.checkpoint.checkpoint_dir else None)
     if ckpt is None:
         log.warning("no --checkpoint-dir: a failure loses all progress of this run")
@@ -253,7 +346,7 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
     schedule.total = total  # after load: a new --max-steps or world size moves the horizon
     for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
         group["lr"] = base_lr * schedule(scheduler.last_epoch)
-    run_ = _Run(data=data, sampler=sampler, state=state)
+    run_ = _Run(data=data, val=val, sampler=sampler, state=state)
 
     description = _describe(cfg, env, model)
     flops_token = description["run/flops_per_token"]
@@ -295,9 +388,17 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{m['perf/tokens_per_s']:,.0f}")
             if step % cfg.train.log_every == 0 or step == total:
                 log.info(_format(m, total))
+            evaluated = _eval_due(cfg, run_, step, total)
+            if evaluated:
+                e = _evaluate(cfg, run_, model, env)
+                jsonl.write(e)
+                prom.observe_eval(e)
             every = cfg.checkpoint.checkpoint_every
-            if ckpt and ((every and step % every == 0) or step == total):
-                ckpt.save(step, model, optimizer, state, {"config": cfg.to_dict()})
+            if ckpt and ((every and step % every == 0) or step == total
+                         or (evaluated and cfg.checkpoint.keep_best)):
+                ckpt.save(step, model, optimizer, state, {
+                    "config": cfg.to_dict(),
+                    **({EVAL_LOSS_KEY: run_.evals[-1]["eval/loss"]} if evaluated else {})})
                 prom.observe_checkpoint()
             if delay:
                 time.sleep(delay)
@@ -310,11 +411,10 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
 
         if ckpt:
             ckpt.close()  # the last checkpoint is complete before the export and the exit
-        if cfg.checkpoint.output_dir:
-            export_hf(model, tokenizer, cfg.checkpoint.output_dir,
-                      DTYPES[cfg.checkpoint.export_dtype], env)
+        best = _export(cfg, model, tokenizer, ckpt, state.step, env)
         skip = min(10, max(1, len(history) // 5)) if len(history) > 1 else 0
-        summary = {**summarize(history, skip), **description}
+        summary = {**summarize(history, skip), **eval_summary(run_.evals), **best,
+                   **description}
         jsonl.write(summary)
         if history:
             mfu = summary["summary/mfu_pct"]
@@ -323,8 +423,39 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
                      f"{summary['summary/tokens_per_s']:,.0f}",
                      f"{summary['summary/tokens_per_s_per_gpu']:,.0f}",
                      "n/a (no GPU peak)" if mfu is None else f"{mfu:.1f} %")
+        if "summary/eval_loss" in summary:
+            log.info("validation: final loss %.4f (perplexity %.3f), best %.4f at step %d%s",
+                     summary["summary/eval_loss"], summary["summary/eval_perplexity"],
+                     summary["summary/best_eval_loss"], summary["summary/best_eval_step"],
+                     f"; exported step {summary['summary/exported_step']}"
+                     if "summary/exported_step" in summary else "")
         log.info("summary: %s", json.dumps(summary))
     return summary
+
+
+def _export(cfg: JobConfig, model: nn.Module, tokenizer, ckpt: Checkpointer | None, step: int,
+            env: DistEnv) -> dict:
+    """Write --output-dir: the final weights, or with --keep-best the weights of the checkpoint
+    with the lowest validation loss (its step may come from before a restart). Returns the
+    summary's keys for it."""
+    best = ckpt.best() if ckpt is not None and cfg.checkpoint.keep_best else None
+    keys = ({"summary/best_eval_step": best[0], "summary/best_eval_loss": best[2]} if best
+            else {})
+    if not cfg.checkpoint.output_dir:
+        return keys
+    if best is not None and best[0] != step:
+        problems = ckpt.load_model(best[1], model)
+        if problems:  # the weights in memory are still the last step's
+            log.warning("--keep-best: the best checkpoint %s cannot be used (%s); exporting the "
+                        "last step's weights instead", best[1], "; ".join(problems))
+            keys = {}
+        else:
+            log.info("--keep-best: exporting %s (validation loss %.4f) instead of step %d",
+                     best[1], best[2], step)
+            step = best[0]
+    export_hf(model, tokenizer, cfg.checkpoint.output_dir, DTYPES[cfg.checkpoint.export_dtype],
+              env)
+    return {**keys, "summary/exported_step": step}
 
 
 def _format(m: dict, total: int) -> str:

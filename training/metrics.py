@@ -108,6 +108,37 @@ def step_metrics(*, step: int, epoch: int, loss: float, lr: float, grad_norm: fl
     }
 
 
+def perplexity(loss: float) -> float:
+    """exp(mean token loss); infinite where exp overflows a float."""
+    return math.exp(loss) if loss < 709 else math.inf
+
+
+def eval_metrics(*, step: int, epoch: int, loss: float, tokens: int, eval_time_s: float) -> dict:
+    """The metrics of one evaluation on the validation set (after optimizer step `step`)."""
+    return {
+        "eval/step": step,
+        "eval/epoch": epoch,
+        "eval/loss": loss,
+        "eval/perplexity": perplexity(loss),
+        "eval/tokens": tokens,
+        "eval/time_s": eval_time_s,
+        "time/unix_s": time.time(),
+    }
+
+
+def eval_summary(evals: list[dict]) -> dict:
+    """The last and the best evaluation of a run; {} without evaluations."""
+    if not evals:
+        return {}
+    best = min(evals, key=lambda m: m["eval/loss"])
+    return {
+        "summary/eval_loss": evals[-1]["eval/loss"],
+        "summary/eval_perplexity": evals[-1]["eval/perplexity"],
+        "summary/best_eval_loss": best["eval/loss"],
+        "summary/best_eval_step": best["eval/step"],
+    }
+
+
 def summarize(history: list[dict], warmup_steps: int) -> dict:
     """Steady-state means over `history`, skipping its first `warmup_steps` records."""
     if not history:

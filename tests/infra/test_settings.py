@@ -262,3 +262,60 @@ def test_float8_is_refused_on_a100_and_accepted_on_h100():
     config = raw("p5")
     config["job"]["precision"] = "fp8"
     assert parse(config).job.training.model.precision == "fp8"
+
+
+# ----------------------------------------------------------------------------- the data keys
+def test_default_data_is_the_seeds_samsum():
+    """Checked against the seed (llama-recipes' samsum_dataset.py): samsum's dialogue ->
+    summary with its prompt 'Summarize this dialog:\\n{dialog}\\n---\\nSummary:\\n', here from
+    the script-free knkarthick/samsum mirror, validated by the package's rules."""
+    data = parse(raw("p5")).job.training.data
+    assert (data.dataset, data.data_format, data.prompt_field, data.response_field) == (
+        "knkarthick/samsum", "fields", "dialogue", "summary")
+    assert data.prompt_template.format(dialogue="A: hi\nB: bye") == (
+        "Summarize this dialog:\nA: hi\nB: bye\n---\nSummary:\n")
+
+
+def test_own_dataset_drops_the_samsum_mapping():
+    """A stack file naming its own dataset gets the package's auto-detection, not samsum's
+    fields (which its records would lack); a mapping it gives itself is kept."""
+    config = raw("p5")
+    config["job"]["dataset"] = "/fsx/data/chat.jsonl"
+    data = parse(config).job.training.data
+    assert (data.data_format, data.prompt_field, data.prompt_template) == ("auto", None, None)
+    config["job"].update(promptField="question", responseField="answer")
+    data = parse(config).job.training.data
+    assert (data.data_format, data.prompt_field, data.response_field) == (
+        "fields", "question", "answer")
+
+
+@pytest.mark.parametrize("job, key, fix", [
+    ({"dataset": "my/data", "promptField": "q"}, "responseField",
+     "job.dataFormat fields needs both job.promptField and job.responseField"),
+    ({"promptTemplate": "Summarize {dialog}"}, "promptTemplate",
+     "must name the prompt field as {dialogue}; it names {dialog}"),
+    ({"promptTemplate": "Summarize {dialogue"}, "promptTemplate", "is not a Python format string"),
+    ({"dataFormat": "chat"}, "promptField", "only applies with job.dataFormat fields"),
+    ({"valFraction": 0.5}, "valFraction", "must be in [0, 0.5)"),
+    ({"evalEvery": -1}, "evalEvery", "must be >= 0"),
+    ({"valFraction": 0.0, "keepBest": True}, "keepBest", "needs a validation set"),
+])
+def test_data_keys_are_refused_by_the_packages_rules(job, key, fix):
+    """Checked against training/config.py's data rules: each mistake is named at preview under
+    its stack key, in stack terms."""
+    config = raw("p5")
+    config["job"].update(job)
+    message = errors(config)
+    assert f"job.{key} = " in message and fix in message, message
+
+
+def test_the_data_keys_the_package_accepts_the_stack_accepts():
+    """Evaluation every 50 steps, no validation split, and keepBest with evaluation on are all
+    valid for the package, so for the stack (the pod always gets a checkpoint directory)."""
+    config = raw("p5")
+    config["job"].update(evalEvery=50, keepBest=True, valFraction=0.1)
+    training = parse(config).job.training
+    assert (training.train.eval_every, training.checkpoint.keep_best,
+            training.data.val_fraction) == (50, True, 0.1)
+    config["job"].update(keepBest=False, valFraction=0.0)
+    assert parse(config).job.training.data.val_fraction == 0.0

@@ -115,13 +115,16 @@ def test_efa_and_gpu_counts_follow_the_job_when_set():
 EVERY_TRAINING_FIELD_CHANGED = {
     "model": "org/some-model", "cache_dir": "/elsewhere", "precision": "fp8", "sdpa_backend": "cudnn",
     "loss": "plain", "dataset": "data/train.jsonl", "dataset_split": "validation",
+    "data_format": "fields", "prompt_field": "question", "response_field": "answer",
+    "prompt_template": "{context}\n\nQ: {question}\nA: ", "val_fraction": 0.1,
     "seq_len": 2048, "mask_prompt": False, "epochs": 3, "max_steps": 5, "batch_size": 2,
-    "grad_accum": 4, "seed": 7, "log_every": 5, "learning_rate": 3e-4, "warmup_steps": 0,
+    "grad_accum": 4, "seed": 7, "log_every": 5, "eval_every": 50, "learning_rate": 3e-4,
+    "warmup_steps": 0,
     "min_lr_ratio": 0.05, "weight_decay": 0.1, "max_grad_norm": 0.5, "sharding": "HYBRID_SHARD",
     "hsdp_shard_size": 4, "activation_checkpointing": "none", "compile": True,
     "collective_timeout_s": 120, "async_checkpoint": False,
     "checkpoint_dir": "/elsewhere/ckpt", "checkpoint_every": 0, "keep_checkpoints": 5,
-    "output_dir": "/elsewhere/out", "export_dtype": "fp32", "metrics_port": 1234,
+    "output_dir": "/elsewhere/out", "export_dtype": "fp32", "keep_best": True, "metrics_port": 1234,
     "metrics_file": "/elsewhere/m.jsonl",
 }
 """A value other than the package's default for every field of training/config.py."""

@@ -90,46 +90,22 @@ def test_help_runs():
 
 
 # ----------------------------------------------------------------------------- data
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny.build_tokenizer()
-
-
-def test_packing_shifts_targets_and_masks_prompts(tokenizer):
-    """Checked against the definition of causal-LM packing: each target is the next input
-    token; with --mask-prompt only response tokens (and EOS) carry a loss; nothing is padded."""
-    records = [{"instruction": "Add.", "input": "1 and 2", "output": "3"},
-               {"text": "plain text trained on whole"}] * 20
-    masked = dataset.pack(records, tokenizer, 32, mask_prompt=True)
-    full = dataset.pack(records, tokenizer, 32, mask_prompt=False)
-    assert torch.equal(full.targets[:, :-1], full.inputs[:, 1:])
-    assert (full.targets != dataset.IGNORE_INDEX).all()
-    assert masked.stats["target_fraction"] < full.stats["target_fraction"] == 1.0
-    decoded = tokenizer.decode([t for t in masked.targets.flatten().tolist() if t >= 0])
-    assert "3</s>" in decoded and "Add." not in decoded and "plain text" in decoded
-    assert full.stats["tokens_cropped"] < 32 + 1
-
-
-def test_bad_records_and_missing_files_are_user_errors(tokenizer, tmp_path):
-    """Checked against the error contract: a missing dataset and records without known fields
-    each raise one message naming --dataset."""
-    with pytest.raises(UserError, match="--dataset .*no such file"):
-        dataset.load_records(C.DataConfig(dataset=str(tmp_path / "nope.jsonl")), None)
-    with pytest.raises(UserError, match="instruction and output"):
-        dataset.pack([{"question": "?"}], tokenizer, 16, True)
-    path = tmp_path / "d.json"
-    path.write_text(json.dumps([{"text": "a b c"}]))
-    assert dataset.load_records(C.DataConfig(dataset=str(path)), None) == [{"text": "a b c"}]
-
-
-def test_parquet_dataset(tmp_path):
-    """Checked against pyarrow: a .parquet file's rows come back as records."""
+def test_missing_file_and_local_records(tmp_path):
+    """Checked against the error contract and the files written here: a missing dataset file
+    raises one message naming --dataset; a .json array and a .parquet file come back as their
+    records (pyarrow writes the parquet)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    with pytest.raises(UserError, match="--dataset .*no such file"):
+        dataset.load_tables(C.DataConfig(dataset=str(tmp_path / "nope.jsonl")), None)
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps([{"text": "a b c"}]))
+    assert dataset.load_tables(C.DataConfig(dataset=str(path)), None)[0].records == [
+        {"text": "a b c"}]
     path = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist([{"instruction": "i", "output": "o"}]), path)
-    assert dataset.load_records(C.DataConfig(dataset=str(path)), None) == [
+    assert dataset.load_tables(C.DataConfig(dataset=str(path)), None)[0].records == [
         {"instruction": "i", "output": "o"}]
 
 

@@ -299,15 +299,15 @@ def test_out_of_memory_message(monkeypatch, capsys, world_of_one):
 def _steps_at_world_of_one(env, fsdp: bool, argv: list[str], steps: int = 4) -> list[tuple]:
     from transformers import LlamaConfig
 
-    from training.finetune import _build_optimizer, _parallelize, train_step
+    from training.finetune import build_optimizer, parallelize_model, train_step
     from training.model import init_random_, meta_model_from_config
 
     cfg = C.parse_args(argv)
     model = meta_model_from_config(LlamaConfig(**tiny.LLAMA_KWARGS))
-    _, wrapped = _parallelize(cfg, model, env, fsdp_at_world_1=fsdp)
+    _, wrapped = parallelize_model(cfg, model, env, fsdp_at_world_1=fsdp)
     assert ("fully_shard" in wrapped) == fsdp
     init_random_(model, 0)
-    optimizer = _build_optimizer(model, cfg.optim, env.device)
+    optimizer = build_optimizer(model, cfg.optim, env.device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     gen = torch.Generator().manual_seed(0)
     batches = [torch.randint(3, 259, (2, 33), generator=gen)

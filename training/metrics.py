@@ -82,6 +82,22 @@ def memory_gib(device: torch.device) -> dict[str, float]:
     return {"memory/max_rss_gib": rss_kib * scale / 2**30}
 
 
+def perf_metrics(*, tokens: int, step_time_s: float, world_size: int, flops_token: float,
+                 peak: float | None) -> dict:
+    """The speed of a step of `step_time_s` seconds in which the whole job processed `tokens`
+    tokens (global batch x sequence length): the fine-tune's per step, the bench's over the
+    mean timed step."""
+    tokens_per_s = tokens / step_time_s
+    per_gpu = tokens_per_s / world_size
+    return {
+        "perf/step_time_s": step_time_s,
+        "perf/tokens_per_s": tokens_per_s,
+        "perf/tokens_per_s_per_gpu": per_gpu,
+        "perf/tflops_per_gpu": per_gpu * flops_token / 1e12,
+        "perf/mfu_pct": mfu_pct(per_gpu, flops_token, peak),
+    }
+
+
 def step_metrics(*, step: int, epoch: int, loss: float, lr: float, grad_norm: float,
                  tokens: int, step_time_s: float, world_size: int, flops_token: float,
                  peak: float | None, device: torch.device) -> dict:
@@ -89,8 +105,6 @@ def step_metrics(*, step: int, epoch: int, loss: float, lr: float, grad_norm: fl
 
     tokens: tokens processed by the whole job in this step (global batch x sequence length).
     """
-    tokens_per_s = tokens / step_time_s
-    per_gpu = tokens_per_s / world_size
     return {
         "train/step": step,
         "train/epoch": epoch,
@@ -98,11 +112,8 @@ def step_metrics(*, step: int, epoch: int, loss: float, lr: float, grad_norm: fl
         "train/lr": lr,
         "train/grad_norm": grad_norm,
         "train/tokens": tokens,
-        "perf/step_time_s": step_time_s,
-        "perf/tokens_per_s": tokens_per_s,
-        "perf/tokens_per_s_per_gpu": per_gpu,
-        "perf/tflops_per_gpu": per_gpu * flops_token / 1e12,
-        "perf/mfu_pct": mfu_pct(per_gpu, flops_token, peak),
+        **perf_metrics(tokens=tokens, step_time_s=step_time_s, world_size=world_size,
+                       flops_token=flops_token, peak=peak),
         **memory_gib(device),
         "time/unix_s": time.time(),
     }

@@ -2,16 +2,16 @@
 (peer_torchtitan.py), ratio = ours / torchtitan tokens/s/GPU.  python peer_table.py DIR"""
 
 import glob
-import json
 import sys
-from pathlib import Path
+
+import records
 
 
 def load(folder: str) -> dict[str, dict]:
     runs = {}
     for path in sorted(glob.glob(f"{folder}/*.json")):
-        r = json.loads(Path(path).read_text())
-        if "tokens_per_s_per_gpu" in r:
+        r = records.load(path)
+        if "perf/tokens_per_s_per_gpu" in r:
             runs[r["tag"]] = r
     return runs
 
@@ -24,10 +24,10 @@ def main(folder: str) -> None:
         if not tag.startswith("ours-"):
             continue
         peer = runs.get("titan-" + tag[len("ours-"):])
-        ours = r["tokens_per_s_per_gpu"]
+        ours = r["perf/tokens_per_s_per_gpu"]
         mem = (r.get("memory_gib") or {}).get("peak_allocated", 0)
         if peer:
-            theirs = peer["tokens_per_s_per_gpu"]
+            theirs = peer["perf/tokens_per_s_per_gpu"]
             print(f"| {tag[5:]} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.3f} | {mem:.1f} | "
                   f"{peer['memory_gib']['peak_allocated']:.1f} |")
         else:

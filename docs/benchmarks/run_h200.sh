@@ -79,7 +79,7 @@ for tag in ("7b-b4-none-compile", "7b-b3-none-compile-sgo", "7b-b3-none-compile"
     m = r["memory_gib"]
     if m["projected_peak_reserved"] > 72.0:  # 80 GB = 74.5 GiB; keep >= 2.5 GiB margin
         continue
-    if best is None or r["tokens_per_s_per_gpu"] > best[1]["tokens_per_s_per_gpu"]:
+    if best is None or r["perf/tokens_per_s_per_gpu"] > best[1]["perf/tokens_per_s_per_gpu"]:
         best = (tag, r)
 tag, r = best
 m = r["memory_gib"]

@@ -261,7 +261,7 @@ def evaluate(model: nn.Module, val: PackedData, batch_size: int, env: DistEnv) -
     return float(sums[0] / sums[1].clamp(min=1)), int(sums[1])
 
 
-# ----------------------------------------------------------------------------- the loop
+# ----------------------------------------------------------------------------- resume
 def _build_checkpointer(cfg: JobConfig, env: DistEnv) -> Checkpointer | None:
     c = cfg.checkpoint
     if not c.checkpoint_dir:
@@ -293,6 +293,7 @@ def _set_horizon(cfg: JobConfig, sampler: StepSampler, state: TrainerState,
     return total
 
 
+# ----------------------------------------------------------------------------- the loop
 @dataclass
 class _Run:
     """What the loop works on (keeps `run` readable)."""

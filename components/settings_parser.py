@@ -80,7 +80,8 @@ def _coerce(value: Any, hint: Any, key: str, problems: list[Problem]) -> Any:
     if hint is int and isinstance(value, float) and value.is_integer():
         return int(value)
     if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
-        problems.append(Problem(key, value, f"must be a {hint.__name__}"))
+        names = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+        problems.append(Problem(key, value, f"must be {names.get(hint, hint.__name__)}"))
         return None
     return value
 

@@ -123,7 +123,7 @@ def test_unknown_key_is_named_with_the_known_ones():
 def test_wrong_type_is_named():
     config = raw("p5")
     config["gpuNodes"]["maxSize"] = "two"
-    assert "gpuNodes.maxSize = 'two': must be a int" in errors(config)
+    assert "gpuNodes.maxSize = 'two': must be a whole number" in errors(config)
 
 
 @pytest.mark.parametrize("section, key, value, fix", [
@@ -249,7 +249,7 @@ def test_a_training_key_of_the_wrong_type_is_named_once():
     config = raw("p5")
     config["job"]["seqLen"] = "long"
     message = errors(config)
-    assert "job.seqLen = 'long': must be a int" in message and message.count("job.seqLen") == 1
+    assert "job.seqLen = 'long': must be a whole number" in message and message.count("job.seqLen") == 1
 
 
 def test_float8_is_refused_on_a100_and_accepted_on_h100():

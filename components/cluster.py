@@ -83,21 +83,30 @@ class EksCluster(pulumi.ComponentResource):
     def __init__(self, name: str, args: EksClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("fsdp-eks:cluster:EksCluster", name, None, opts)
         self.cluster_name = args.name
-        self.node_role = self._node_role(name)
+        self.node_role, self.node_role_policies = self._node_role(name)
+        self.log_group = self._log_group(name, args)
         self.eks = self._control_plane(name, args)
+        self.nodes_can_join: list[pulumi.Resource] = [self.eks, *self.node_role_policies]
+        """What a node group waits for: the cluster, and its node role with every policy attached
+        (a node that boots before the CNI and worker policies are attached never joins)."""
         after_cluster = pulumi.ResourceOptions(parent=self, depends_on=[self.eks])
         self.access_entries = self._access_entries(name, args, after_cluster)
-        self.pod_identity_agent = aws.eks.Addon(
-            f"{name}-pod-identity-agent",
-            cluster_name=args.name,
-            addon_name="eks-pod-identity-agent",
-            addon_version=versions.EKS_ADDONS[args.settings.kubernetes_version]["eks-pod-identity-agent"],
-            opts=after_cluster,
-        )
+        self.pod_identity_agent = self._addon(f"{name}-pod-identity-agent", args, "eks-pod-identity-agent", after_cluster)
         self.system_launch_template = self._system_launch_template(name)
-        self.system_nodes = self._system_nodes(name, args, after_cluster)
-        self.ready: list[pulumi.Resource] = [self.pod_identity_agent, self.system_nodes]
-        """What in-cluster workloads wait for: nodes to run on and Pod Identity credentials."""
+        self.system_nodes = self._system_nodes(
+            name, args, pulumi.ResourceOptions(parent=self, depends_on=self.nodes_can_join)
+        )
+        self.coredns = self._addon(
+            f"{name}-coredns", args, "coredns", pulumi.ResourceOptions(parent=self, depends_on=[self.eks, self.system_nodes])
+        )
+        # Its DaemonSet needs nodes to run on, or the add-on never turns ACTIVE: after the
+        # system nodes; GPU nodes, which start alongside, get its DaemonSet as they join.
+        self.node_monitoring_agent = self._addon(
+            f"{name}-node-monitoring-agent", args, "eks-node-monitoring-agent",
+            pulumi.ResourceOptions(parent=self, depends_on=[self.eks, self.system_nodes]),
+        )
+        self.ready: list[pulumi.Resource] = [self.pod_identity_agent, self.system_nodes, self.coredns]
+        """What in-cluster workloads wait for: nodes to run on, cluster DNS and Pod Identity credentials."""
         self.system_node_selector = SYSTEM_NODE_LABEL
         """Node selector of etcd, the operator and monitoring: our system nodes carry it."""
         self.cluster_security_group_id = self.eks.cluster_security_group_id
@@ -114,10 +123,34 @@ class EksCluster(pulumi.ComponentResource):
                 "kubeconfig": self.kubeconfig,
                 "cluster_security_group_id": self.cluster_security_group_id,
                 "node_role_arn": self.node_role.arn,
+                "log_group": self.log_group.name,
             }
         )
 
-    def _node_role(self, name: str) -> aws.iam.Role:
+    @staticmethod
+    def _addon(resource_name: str, args: EksClusterArgs, addon: str, opts: pulumi.ResourceOptions) -> aws.eks.Addon:
+        """A core EKS add-on at the pinned version of the cluster's Kubernetes version."""
+        return aws.eks.Addon(
+            resource_name,
+            cluster_name=args.name,
+            addon_name=addon,
+            addon_version=versions.EKS_ADDONS[args.settings.kubernetes_version][addon],
+            opts=opts,
+        )
+
+    def _log_group(self, name: str, args: EksClusterArgs) -> aws.cloudwatch.LogGroup:
+        """The control plane's log group, created before the cluster so that it has a retention
+        and ``pulumi destroy`` deletes it. With logging on, EKS otherwise creates
+        ``/aws/eks/<cluster>/cluster`` itself, never expiring and unknown to the stack (EKS user
+        guide, "Send control plane logs to CloudWatch Logs")."""
+        return aws.cloudwatch.LogGroup(
+            f"{name}-control-plane-logs",
+            name=f"/aws/eks/{args.name}/cluster",
+            retention_in_days=args.settings.log_retention_days,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    def _node_role(self, name: str) -> tuple[aws.iam.Role, list[aws.iam.RolePolicyAttachment]]:
         role = aws.iam.Role(
             f"{name}-node-role",
             assume_role_policy=json.dumps(
@@ -134,11 +167,13 @@ class EksCluster(pulumi.ComponentResource):
             ),
             opts=pulumi.ResourceOptions(parent=self),
         )
-        for key, arn in NODE_ROLE_POLICIES.items():
+        attachments = [
             aws.iam.RolePolicyAttachment(
                 f"{name}-node-role-{key}", role=role.name, policy_arn=arn, opts=pulumi.ResourceOptions(parent=role)
             )
-        return role
+            for key, arn in NODE_ROLE_POLICIES.items()
+        ]
+        return role, attachments
 
     def _control_plane(self, name: str, args: EksClusterArgs) -> eks.Cluster:
         s = args.settings
@@ -158,10 +193,18 @@ class EksCluster(pulumi.ComponentResource):
             skip_default_security_groups=True,
             **endpoint_access(s),
             enabled_cluster_log_types=["api", "audit", "authenticator"],
+            # pulumi-eks defaults the upgrade policy to EXTENDED (about 6x the control-plane price
+            # once the version leaves standard support).
+            upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type=s.support_type),
             vpc_cni_options=vpc_cni_options(addons["vpc-cni"]),
-            coredns_addon_options=eks.CoreDnsAddonOptionsArgs(version=addons["coredns"]),
+            # Off here, created by us after the system nodes (self.coredns): the SDK fills in
+            # enabled=True, and pulumi-eks then creates the add-on inside the cluster component,
+            # before any node exists; its pods stay Pending, the add-on DEGRADED, and aws:eks:Addon
+            # fails after its 20-minute wait (pulumi/pulumi-eks#1819). kube-proxy and the VPC CNI
+            # are DaemonSets: with no node they are healthy at zero pods.
+            coredns_addon_options=eks.CoreDnsAddonOptionsArgs(enabled=False),
             kube_proxy_addon_options=eks.KubeProxyAddonOptionsArgs(version=addons["kube-proxy"]),
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.log_group]),
         )
 
     def _access_entries(

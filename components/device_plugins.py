@@ -6,6 +6,7 @@ plugins; without them a node advertises neither ``nvidia.com/gpu`` nor ``vpc.ama
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -51,6 +52,8 @@ class DevicePluginsArgs:
     """The profile's instance type: the plugins run on nodes of this type."""
     region: str
     """The stack's region: the EFA plugin image comes from its registry."""
+    ready: Sequence[pulumi.Resource] = ()
+    """What the plugins wait for: the GPU nodes they run on (and the cluster's ``ready``)."""
 
 
 class DevicePlugins(pulumi.ComponentResource):
@@ -58,7 +61,7 @@ class DevicePlugins(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: DevicePluginsArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("fsdp-eks:plugins:DevicePlugins", name, None, opts)
-        in_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        in_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=list(args.ready))
         self.nvidia = helm_release(
             f"{name}-nvidia", versions.NVIDIA_DEVICE_PLUGIN, "kube-system",
             nvidia_plugin_values(gpu_instance_type=args.gpu_instance_type), in_cluster,

@@ -8,10 +8,12 @@ launch template, the EFA security group and the placement group are built here, 
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
+import yaml
 
 from components.hardware import HardwareProfile
 from components.node_metadata import metadata_options
@@ -22,19 +24,54 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
 GPU_LABELS = {"nvidia.com/gpu": "true", "vpc.amazonaws.com/efa.present": "true"}
 """The NVIDIA device plugin and DCGM exporter select the first, the EFA plugin the second."""
 
-NODE_CONFIG = """---
-apiVersion: node.eks.aws/v1alpha1
-kind: NodeConfig
-spec:
-  instance:
-    localStorage:
-      strategy: RAID0
-"""
-"""AL2023 nodeadm config: stripe the instance-store NVMe into one RAID0 at /mnt/k8s-disks/0.
+MEMLOCK_LIMIT = 10**18
+"""Locked-memory limit of every container on the GPU nodes, bytes: 1 EB, far above any
+instance's memory, so nothing a process can lock ever reaches it.
 
-Managed node groups merge this MIME part with the bootstrap part EKS generates, so no
-``image_id`` (and no full NodeConfig with cluster details) is needed.
-"""
+Why not RLIM_INFINITY (2**64 - 1, what ``ulimit -l`` prints as ``unlimited``): nodeadm merges
+``baseRuntimeSpec`` over its default by JSON-decoding both into ``map[string]interface{}``
+(awslabs/amazon-eks-ami, nodeadm ``internal/util/merge.go``, ``base_runtime_spec.go``), which
+turns every number into a float64; 2**64 - 1 comes back out as 18446744073709551616, which does
+not fit the runtime spec's uint64, and containerd could not load the spec at all. 10**18 is a
+float64 exactly and survives the round trip (a test checks both)."""
+
+NOFILE_SOFT, NOFILE_HARD = 65536, 1048576
+"""The AMI's own open-files limits (its ``base-runtime-spec.json``). Not unlimited: the kernel
+refuses an RLIMIT_NOFILE above ``fs.nr_open`` (1048576 by default) with EPERM."""
+
+
+def container_rlimits() -> list[dict[str, object]]:
+    """``process.rlimits`` of the GPU nodes' containers.
+
+    Workers run as uid 1000, and a non-root process cannot raise RLIMIT_MEMLOCK; the AL2023 base
+    runtime spec sets only RLIMIT_NOFILE, so containers inherit a small locked-memory limit and
+    libfabric's EFA provider fails to register memory ("Libfabric error: (-12) Cannot allocate
+    memory", awslabs/awsome-distributed-training#647). Lists replace rather than merge in
+    nodeadm's merge, so the AMI's NOFILE entry is written here too.
+    """
+    return [
+        {"type": "RLIMIT_NOFILE", "soft": NOFILE_SOFT, "hard": NOFILE_HARD},
+        {"type": "RLIMIT_MEMLOCK", "soft": MEMLOCK_LIMIT, "hard": MEMLOCK_LIMIT},
+    ]
+
+
+def node_config() -> str:
+    """AL2023 nodeadm config (``node.eks.aws/v1alpha1`` NodeConfig): stripe the instance-store
+    NVMe into one RAID0 at /mnt/k8s-disks/0, and the containers' rlimits (``container_rlimits``)
+    through containerd's base runtime spec.
+
+    Managed node groups merge this MIME part with the bootstrap part EKS generates, so no
+    ``image_id`` (and no full NodeConfig with cluster details) is needed.
+    """
+    document = {
+        "apiVersion": "node.eks.aws/v1alpha1",
+        "kind": "NodeConfig",
+        "spec": {
+            "instance": {"localStorage": {"strategy": "RAID0"}},
+            "containerd": {"baseRuntimeSpec": {"process": {"rlimits": container_rlimits()}}},
+        },
+    }
+    return "---\n" + yaml.safe_dump(document, sort_keys=False)
 
 LUSTRE_CLIENT_SCRIPT = """#!/bin/bash
 # The FSx CSI driver mounts with the host's Lustre client; the AL2023 AMI does not ship it.
@@ -46,7 +83,7 @@ dnf install -y lustre-client
 def node_user_data(lustre_client: bool) -> str:
     """MIME multi-part user data (the only form EKS merges): the NodeConfig, and the Lustre
     client install when the job mounts FSx for Lustre."""
-    parts = [("application/node.eks.aws", NODE_CONFIG)]
+    parts = [("application/node.eks.aws", node_config())]
     if lustre_client:
         parts.append(("text/x-shellscript", LUSTRE_CLIENT_SCRIPT))
     body = "".join(f"--FSDPEKS\nContent-Type: {kind}\n\n{text}\n" for kind, text in parts)
@@ -87,6 +124,9 @@ class GpuNodeGroupArgs:
     node_role_arn: pulumi.Input[str]
     lustre_client: bool = False
     """Install the Lustre client at boot (the job mounts FSx for Lustre)."""
+    can_join: Sequence[pulumi.Resource] = ()
+    """What the node group waits for: the cluster and the node role's policy attachments
+    (``EksCluster.nodes_can_join``); a node booted before them never joins."""
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
@@ -196,8 +236,23 @@ class GpuNodeGroup(pulumi.ComponentResource):
             taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT["key"], value=GPU_TAINT["value"], effect="NO_SCHEDULE")],
             # Replacing a reserved GPU node costs hours of training: one at a time.
             update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
-            opts=pulumi.ResourceOptions(parent=self),
+            node_repair_config=node_repair_config(s.auto_repair),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.can_join)),
         )
+
+
+def node_repair_config(enabled: bool) -> aws.eks.NodeGroupNodeRepairConfigArgs:
+    """EKS node auto repair of the GPU group, with EKS's own thresholds and delays.
+
+    A node whose ``AcceleratedHardwareReady`` condition (set by the node monitoring agent from
+    NVIDIA Xid and NVLink errors in the kernel log) stays false is rebooted or replaced after
+    10 minutes; ``NetworkingReady`` (EFA, interfaces), ``KernelReady``, ``StorageReady`` and
+    the kubelet's ``Ready`` after 30 minutes (EKS user guide, "Automatically repair nodes in EKS
+    clusters", node-repair.html). EKS stops repairing while more than 20 % of a group of more
+    than five nodes is unhealthy, so a fleet-wide fault is not "repaired" node by node.
+    The API's default is off (API_NodeRepairConfig.html).
+    """
+    return aws.eks.NodeGroupNodeRepairConfigArgs(enabled=enabled)
 
 
 GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}

@@ -8,6 +8,12 @@ https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html), th
 (GPUs, GPU memory, how p4de is sold: https://aws.amazon.com/ec2/instance-types/p5/,
 https://aws.amazon.com/ec2/instance-types/p4/). The GPU's bf16 peak is the training package's
 table (training/hardware.py), which the fine-tune reads too.
+
+Prices: on-demand Linux rates in us-east-1 in USD per instance-hour, as of PRICES_AS_OF, from the
+EC2 on-demand pricing page after AWS's price cut of June 2025 ("up to 45 %" for P5, "up to 33 %"
+for P4d/P4de). p5.48xlarge: 55.04 (98.32 before); p4de.24xlarge: 27.45, the former 40.97 less
+the announced 33 % (this session could not re-read the page: check it before budgeting; other
+regions, Savings Plans and capacity blocks differ).
 """
 
 from __future__ import annotations
@@ -36,6 +42,13 @@ class HardwareProfile:
     reservation_only: bool = False
     """Sold only through capacity reservations (an ODCR or a capacity block), never plain
     On-Demand: the stack refuses it without ``gpuNodes.capacityReservationId``."""
+    float8: bool
+    """The GPU has float8 matrix units (Hopper and later): ``job.precision: fp8`` is allowed."""
+    nvlink_busbw_gbs: float
+    """NCCL bus bandwidth inside a node, GB/s, for the scaling model (240 measured on 2 x H200,
+    docs/performance.md; 230 assumed for the A100's NVLink 3)."""
+    on_demand_usd_per_hour: float
+    """On-demand price of one instance, USD per hour (see PRICES_AS_OF)."""
 
     @property
     def efa_interfaces(self) -> int:
@@ -48,6 +61,9 @@ class HardwareProfile:
         return peak_bf16_flops(self.gpu_model)
 
 
+PRICES_AS_OF = "2025-06-05"
+PRICE_SOURCE = "https://aws.amazon.com/ec2/pricing/on-demand/ (us-east-1, Linux)"
+
 PROFILES: dict[str, HardwareProfile] = {
     "p4de": HardwareProfile(
         instance_type="p4de.24xlarge",
@@ -56,6 +72,9 @@ PROFILES: dict[str, HardwareProfile] = {
         gpu_memory_gib=80,
         network_cards=4,
         network_gbps=400,
+        float8=False,
+        nvlink_busbw_gbs=230.0,
+        on_demand_usd_per_hour=27.45,
         reservation_only=True,
     ),
     "p5": HardwareProfile(
@@ -65,5 +84,8 @@ PROFILES: dict[str, HardwareProfile] = {
         gpu_memory_gib=80,
         network_cards=32,
         network_gbps=3200,
+        float8=True,
+        nvlink_busbw_gbs=240.0,
+        on_demand_usd_per_hour=55.04,
     ),
 }

@@ -18,6 +18,11 @@ import pulumi_kubernetes as k8s
 
 from components.versions import HelmChart
 
+RELEASE_TIMEOUT_S = 900
+"""How long an ``atomic`` release may wait for its pods before Helm rolls it back. Helm's default
+(300 s) is shorter than a node's start (an EC2 launch, the AMI's boot, nodeadm, image pulls:
+several minutes on GPU instances): pods that wait for a joining node would fail the release."""
+
 
 def chart_source(chart: HelmChart) -> dict:
     """The ``Release`` arguments that say where the chart comes from."""
@@ -33,7 +38,8 @@ def chart_source(chart: HelmChart) -> dict:
 def helm_release(
     name: str, chart: HelmChart, namespace: str, values: dict, opts: pulumi.ResourceOptions
 ) -> k8s.helm.v3.Release:
-    """A Helm v3 release of a pinned chart; ``opts`` must carry the parent and the provider."""
+    """A Helm v3 release of a pinned chart; ``opts`` must carry the parent, the provider and
+    ``depends_on`` the nodes its pods run on."""
     return k8s.helm.v3.Release(
         name,
         **chart_source(chart),
@@ -42,5 +48,6 @@ def helm_release(
         values=values,
         atomic=True,
         cleanup_on_fail=True,
+        timeout=RELEASE_TIMEOUT_S,
         opts=opts,
     )

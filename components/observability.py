@@ -35,14 +35,14 @@ an EBS gp3 volume (StorageClass ``<stack>-gp3``: ``reclaimPolicy: Delete``, encr
 ``fsdp-eks/stack=<stack>``). On a cluster this stack creates, the EBS CSI driver is the EKS add-on
 ``aws-ebs-csi-driver`` whose controller gets ``AmazonEBSCSIDriverPolicy`` through EKS Pod Identity
 (the association exists before the add-on, so the controller pods start with credentials). On an
-existing cluster the driver is assumed to be installed. The volume's claim is created by the
-Prometheus StatefulSet, not by Helm, so ``helm uninstall`` alone would leave it (and its volume)
-behind. Two things close that gap: the Prometheus spec sets
-``persistentVolumeClaimRetentionPolicy.whenDeleted: Delete`` (the StatefulSet owns its claim, so
-deleting the release garbage-collects StatefulSet -> claim -> volume, ``reclaimPolicy: Delete``),
-and the release depends on the StorageClass and the EBS CSI add-on, so destroy removes the release
-first and the driver that deletes the EBS volume afterwards. Deletion of the volume is
-asynchronous; should the cluster go before the driver finishes, the tag finds the leftover:
+existing cluster the driver is assumed to be installed. The volume's claim is this component's own
+resource (``prometheus_claim``), created under the name the Prometheus StatefulSet looks for
+(``<volumeClaimTemplate name>-<StatefulSet>-0``), so the StatefulSet adopts it instead of creating
+one Helm and Pulumi never see. The dependency graph then orders the deletes: the release (its
+pods) first, then the claim (Pulumi waits until it is gone; ``reclaimPolicy: Delete`` hands its
+volume to the driver), and only then the StorageClass and the EBS CSI add-on whose controller
+deletes the volume. Deletion of the volume itself is asynchronous; should the cluster go before
+the driver finishes, the tag finds the leftover:
 ``aws ec2 describe-volumes --filters Name=tag:fsdp-eks/stack,Values=<stack>``.
 
 The training job's PodMonitor (components/training_job.py) needs the monitoring CRDs: pass
@@ -81,6 +81,12 @@ DCGM_FULLNAME = "dcgm-exporter"
 DCGM_COUNTERS_PATH = "/etc/dcgm-exporter/default-counters.csv"
 """Where the chart mounts ``customMetrics`` (ConfigMap ``exporter-metrics-config-map``, key
 ``metrics``; chart 4.8.2 ``extraConfigMapVolumes`` default); passed with ``-f`` explicitly."""
+PROMETHEUS_VOLUME = "prometheus-db"
+"""Name of the Prometheus volumeClaimTemplate (``storageSpec.volumeClaimTemplate.metadata.name``)."""
+PROMETHEUS_CLAIM = f"{PROMETHEUS_VOLUME}-prometheus-{KPS_FULLNAME}-prometheus-0"
+"""The claim the Prometheus StatefulSet mounts: ``<template>-<StatefulSet>-<ordinal>``; the operator
+names the StatefulSet ``prometheus-<Prometheus name>`` and the chart the Prometheus
+``<fullnameOverride>-prometheus`` (prometheus-operator's statefulset naming; one replica)."""
 DASHBOARD_LABEL = {"grafana_dashboard": "1"}
 DEBUG_TOOLS_NAME = "gpu-debug-tools"
 DEBUG_TOOLS_CHECKOV_SKIPS = {
@@ -110,6 +116,8 @@ TRAINING_METRICS: dict[str, str] = {
     "fsdp_train_step_seconds": "gauge",
     "fsdp_train_last_checkpoint_timestamp_seconds": "gauge",
     "fsdp_train_last_step_timestamp_seconds": "gauge",
+    "fsdp_train_eval_loss": "gauge",
+    "fsdp_train_eval_perplexity": "gauge",
 }
 """What the training package exports (names fixed with the training package's author)."""
 
@@ -245,6 +253,7 @@ def kube_prometheus_stack_values(
                 "retentionSize": f"{int(storage_gib * 0.85)}GB",
                 "storageSpec": {
                     "volumeClaimTemplate": {
+                        "metadata": {"name": PROMETHEUS_VOLUME},
                         "spec": {
                             "storageClassName": storage_class,
                             "accessModes": ["ReadWriteOnce"],
@@ -252,8 +261,8 @@ def kube_prometheus_stack_values(
                         }
                     }
                 },
-                # The StatefulSet's claim goes with it: no orphaned EBS volume (module docstring).
-                "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Retain"},
+                # The claim is ours (module docstring): the StatefulSet must not garbage-collect it.
+                "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
                 "resources": {"requests": {"cpu": "500m", "memory": "2Gi"}},
             }
         },
@@ -412,6 +421,7 @@ class Observability(pulumi.ComponentResource):
             opts=self._in_cluster(args),
         )
         self.grafana_admin_secret = self._grafana_admin_secret(name, args)
+        self.prometheus_claim = self._prometheus_claim(name, args)
         self.slack_secret = self._slack_secret(name, args)
         self.alertmanager_credentials = self._alertmanager_credentials(name, args)
         self.stack_release = helm_release(
@@ -433,6 +443,7 @@ class Observability(pulumi.ComponentResource):
                 *([self.slack_secret] if self.slack_secret is not None else []),
                 *self.alertmanager_credentials,
                 self.storage_class,
+                self.prometheus_claim,
                 *([self.ebs_csi_driver] if self.ebs_csi_driver is not None else []),
             ),
         )
@@ -524,6 +535,21 @@ class Observability(pulumi.ComponentResource):
             volume_binding_mode="WaitForFirstConsumer",
             allow_volume_expansion=True,
             opts=self._in_cluster(args, *([self.ebs_csi_driver] if self.ebs_csi_driver is not None else [])),
+        )
+
+    def _prometheus_claim(self, name: str, args: ObservabilityArgs) -> k8s.core.v1.PersistentVolumeClaim:
+        """Prometheus' claim, ours so that destroy deletes it before the EBS CSI driver (module
+        docstring). Unbound until Prometheus starts (``WaitForFirstConsumer``): no await."""
+        return k8s.core.v1.PersistentVolumeClaim(
+            f"{name}-prometheus-claim",
+            metadata={"name": PROMETHEUS_CLAIM, "namespace": MONITORING_NAMESPACE,
+                      "annotations": {"pulumi.com/skipAwait": "true"}},
+            spec={
+                "storageClassName": self.storage_class_name(args),
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": f"{args.settings.prometheus_storage_gib}Gi"}},
+            },
+            opts=self._in_cluster(args, self.namespace, self.storage_class),
         )
 
     def _grafana_admin_secret(self, name: str, args: ObservabilityArgs) -> k8s.core.v1.Secret:

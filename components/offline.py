@@ -26,13 +26,62 @@ FAKE_ACCOUNT = "123456789012"
 DUMMY_SECRETS = {"fsdp-eks:hfToken": "hf_dummy_token_offline", "fsdp-eks:grafanaAdminPassword": "dummy-grafana-pw"}
 
 
+EXAMPLE_RESERVATION_ID = "cr-0123456789abcdef0"
+"""A made-up capacity reservation id, for the offline plan only."""
+OFFLINE_EXAMPLES: dict[str, dict[str, dict[str, Any]]] = {
+    # p4de.24xlarge is sold only through capacity reservations, so the p4de stack file carries
+    # no id (a made-up one passes preview and fails half an hour into `pulumi up`): preview asks
+    # for the user's. The offline plan fills in this example where the stack file has none.
+    "p4de": {"gpuNodes": {"capacityReservationId": EXAMPLE_RESERVATION_ID}},
+}
+"""Profile -> section -> key: example values the offline plan (never `pulumi up`) supplies for
+what each user must set themselves, when the stack file leaves them out."""
+
+
+def offline_examples(config: dict[str, Any]) -> dict[str, Any]:
+    """The example values ``config`` lacks, as ``{"section.key": value}`` (what the plan prints)."""
+    examples = {}
+    for section, values in OFFLINE_EXAMPLES.get(config.get("fsdp-eks:profile", ""), {}).items():
+        given = config.get(f"fsdp-eks:{section}", {})
+        examples.update({f"{section}.{k}": v for k, v in values.items() if k not in given})
+    return examples
+
+
+def stack_file_config(stack: str) -> dict[str, Any]:
+    """The ``config:`` block of ``Pulumi.<stack>.yaml`` as committed (values parsed)."""
+    return yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
+
+
 def stack_config(stack: str) -> dict[str, Any]:
-    """The ``config:`` block of ``Pulumi.<stack>.yaml`` plus dummy secrets (values parsed)."""
-    config = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())["config"]
+    """The ``config:`` block of ``Pulumi.<stack>.yaml`` plus dummy secrets and the offline
+    examples it lacks (values parsed)."""
+    config = stack_file_config(stack)
     committed = [k for k, v in config.items() if isinstance(v, dict) and "secure" in v]
     if committed:
         raise ValueError(f"Pulumi.{stack}.yaml commits encrypted values for {committed}: remove them")
+    for dotted, value in offline_examples(config).items():
+        section, key = dotted.split(".", 1)
+        config[f"fsdp-eks:{section}"] = {**config.get(f"fsdp-eks:{section}", {}), key: value}
     return {**config, **DUMMY_SECRETS}
+
+
+EXAMPLE_ZONE_IDS: dict[str, dict[str, str]] = {
+    "us-west-2": {"us-west-2a": "usw2-az2", "us-west-2b": "usw2-az1", "us-west-2c": "usw2-az3",
+                  "us-west-2d": "usw2-az4"},
+    "us-east-1": {"us-east-1a": "use1-az6", "us-east-1b": "use1-az1", "us-east-1c": "use1-az2",
+                  "us-east-1d": "use1-az4", "us-east-1e": "use1-az3", "us-east-1f": "use1-az5"},
+}
+"""AZ name -> zone id, as ``aws ec2 describe-availability-zones`` answers one account: an
+EXAMPLE. Each account maps names to physical zones differently (us-east-1e is use1-az3, where EKS
+places no control plane, only in this table)."""
+EXAMPLE_OFFERINGS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("us-west-2", "p5.48xlarge"): ("us-west-2a", "us-west-2c"),
+    ("us-west-2", "p4de.24xlarge"): ("us-west-2b",),
+    ("us-east-1", "p5.48xlarge"): ("us-east-1a", "us-east-1d"),
+    ("us-east-1", "p4de.24xlarge"): ("us-east-1a", "us-east-1c"),
+}
+"""(region, instance type) -> AZ names that offer it (``describe-instance-type-offerings
+--location-type availability-zone``): an EXAMPLE, not what any account is offered."""
 
 
 @dataclass
@@ -78,9 +127,14 @@ def fake_kubeconfig(cluster: str) -> str:
 class AwsLikeMocks(pulumi.runtime.Mocks):
     """Answers like AWS would: ids, ARNs, and the outputs our components read."""
 
-    def __init__(self, region: str):
+    def __init__(self, region: str, zone_ids: dict[str, dict[str, str]] | None = None,
+                 offerings: dict[tuple[str, str], tuple[str, ...]] | None = None):
         self.region = region
         self.registrations: list[Registration] = []
+        self.zone_ids = EXAMPLE_ZONE_IDS if zone_ids is None else zone_ids
+        """How the AZ invokes answer: region -> AZ name -> zone id."""
+        self.offerings = EXAMPLE_OFFERINGS if offerings is None else offerings
+        """How the offerings invoke answers: (region, instance type) -> AZ names."""
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         inputs = dict(args.inputs)
@@ -123,6 +177,15 @@ class AwsLikeMocks(pulumi.runtime.Mocks):
             return {"accountId": FAKE_ACCOUNT, "arn": "arn", "userId": "user"}
         if args.token == "aws:index/getRegion:getRegion":
             return {"region": self.region, "name": self.region}
+        if args.token == "aws:index/getAvailabilityZones:getAvailabilityZones":
+            zones = self.zone_ids.get(args.args.get("region") or self.region, {})
+            return {"names": list(zones), "zoneIds": list(zones.values()), "id": self.region}
+        if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+            region = args.args.get("region") or self.region
+            wanted = [v for f in args.args.get("filters", []) if f["name"] == "instance-type" for v in f["values"]]
+            found = [(az, t) for t in wanted for az in self.offerings.get((region, t), ())]
+            return {"locations": [az for az, _ in found], "instanceTypes": [t for _, t in found],
+                    "locationTypes": ["availability-zone"] * len(found), "id": region}
         return {}
 
 
@@ -146,8 +209,9 @@ class NoResourceRefsMonitor(pulumi_mocks.MockMonitor):
         return super().RegisterResource(request)
 
 
-def run_program(config: dict[str, Any], stack: str = "test") -> Recording:
-    """Run ``build_stack(load_settings())`` with ``config`` (keys with namespace, values parsed)."""
+def run_program(config: dict[str, Any], stack: str = "test", mocks: AwsLikeMocks | None = None) -> Recording:
+    """Run ``build_stack(load_settings())`` with ``config`` (keys with namespace, values parsed);
+    ``mocks``: how AWS answers (default: ``AwsLikeMocks`` with the example tables)."""
     from components.settings import SECRET_KEYS
     from components.settings_parser import load_settings
     from components.stack import build_stack
@@ -156,7 +220,7 @@ def run_program(config: dict[str, Any], stack: str = "test") -> Recording:
     secret_keys = [f"fsdp-eks:{k}" for k in SECRET_KEYS]
     runtime_config.set_all_config(flat, secret_keys)
     region = config.get("aws:region", "us-west-2")
-    mocks = AwsLikeMocks(region)
+    mocks = mocks or AwsLikeMocks(region)
     monitor = NoResourceRefsMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project="fsdp-eks", stack=stack, preview=False, monitor=monitor)
     recording = Recording(mocks.registrations)
@@ -238,9 +302,13 @@ def _summary(r: Registration) -> str:
     return ", ".join(parts)
 
 
-def print_plan(recording: Recording, stack: str) -> None:
-    """One line per resource, grouped by component, with its key settings."""
+def print_plan(recording: Recording, stack: str, examples: dict[str, Any] | None = None) -> None:
+    """One line per resource, grouped by component, with its key settings; ``examples``: the
+    example values the plan used in place of the user's (``offline_examples``), labelled."""
     print(f"Plan of stack {stack}: {len(recording.resources)} resources (offline, under mocks)")
+    for dotted, value in (examples or {}).items():
+        print(f"  EXAMPLE value, offline plan only: {dotted} = {value} "
+              f"(for pulumi up set yours: pulumi config set --path {dotted} <value>)")
     for r in sorted(recording.resources, key=lambda r: r.name):  # names start with their component
         print(f"  + {r.type} {r.name}")
         summary = _summary(r)
@@ -277,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("out/p5"), help="folder for the rendered YAML")
     args = parser.parse_args(argv)
     recording = run_program(stack_config(args.stack), args.stack)
-    print_plan(recording, args.stack)
+    print_plan(recording, args.stack, offline_examples(stack_file_config(args.stack)))
     written = write_manifests(recording, args.out)
     print(f"Wrote {len(written)} Kubernetes objects and Helm values to {args.out}/")
     from components import rendering

@@ -8,6 +8,7 @@ without a cycle.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -23,6 +24,7 @@ secret never sits inside a section, where it would turn the section secret or st
 
 RdzvBackend = Literal["etcd", "etcd-v2", "c10d"]
 SecondaryInterfaceType = Literal["efa", "efa-only"]
+SupportType = Literal["STANDARD", "EXTENDED"]
 
 
 # --------------------------------------------------------------------------- the settings types
@@ -79,6 +81,11 @@ class ClusterSettings:
     """IAM roles given cluster-admin (EKS access entries, ``AmazonEKSClusterAdminPolicy``)."""
     viewer_role_arns: tuple[str, ...] = ()
     """IAM roles given read-only access to the cluster (EKS access entries, ``AmazonEKSViewPolicy``)."""
+    support_type: SupportType = "STANDARD"
+    """EKS upgrade policy at the end of standard support: ``STANDARD`` (EKS upgrades the cluster)
+    or ``EXTENDED`` (stays, at about 6x the control-plane price). pulumi-eks defaults to EXTENDED."""
+    log_retention_days: int = 30
+    """Days CloudWatch keeps the control-plane logs (``/aws/eks/<cluster>/cluster``); 0 keeps them forever."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,6 +108,9 @@ class GpuNodeSettings:
     """Root EBS volume; container images of CUDA stacks are large."""
     secondary_interface_type: SecondaryInterfaceType = "efa-only"
     """Interface type of network cards 1..N: ``efa-only`` saves IPs (VPC CNI >= 1.18.4)."""
+    auto_repair: bool = True
+    """EKS node auto repair: replace (or reboot) a GPU node that the node monitoring agent or
+    the kubelet reports unhealthy (GPU Xid/NVLink errors, EFA, kernel, disk, NotReady)."""
 
     @property
     def placement_group(self) -> bool:
@@ -116,15 +126,41 @@ STACK_OWNED_TRAINING_FIELDS = ("checkpoint_dir", "output_dir", "cache_dir", "met
                                "metrics_file")
 """Training flags the stack sets itself (where the pod's volumes and ports are); not stack keys."""
 
+DATASET_DEFAULTS: dict[str, Any] = {
+    "dataset": "knkarthick/samsum",
+    "data_format": "fields",
+    "prompt_field": "dialogue",
+    "response_field": "summary",
+    "prompt_template": "Summarize this dialog:\n{dialogue}\n---\nSummary:\n",
+}
+"""The seed's dataset: samsum (dialogue -> summary) with llama-recipes' prompt, the summary
+trained on and the prompt masked (meta-llama/llama-recipes,
+src/llama_recipes/datasets/samsum_dataset.py), from the hub's knkarthick/samsum: the original
+``samsum`` / ``Samsung/samsum`` repo was a loading script, which ``datasets`` >= 3 no longer
+runs, and it is gone from the hub (huggingface/datasets#7573, meta-llama/llama-cookbook#948);
+knkarthick/samsum holds the same train/validation/test splits as plain data files, which
+``datasets`` reads without running code, and its validation split is the job's. The stack
+applies these only while ``job.dataset`` is not set: a stack file naming its own dataset gets
+the package's defaults (format auto-detected) for the keys it does not give."""
+
 TRAINING_DEFAULTS: dict[str, Any] = {
     "model": "meta-llama/Llama-2-7b-hf",
     "warmup_steps": 100,
     "activation_checkpointing": "full",
     "checkpoint_every": 200,
+    **DATASET_DEFAULTS,
 }
 """A production run's defaults where they differ from the training package's (whose own defaults
 suit the tiny offline demo): a real model, a longer warm-up, every block recomputed (fits any
-model the fit check accepts), a checkpoint every 200 steps."""
+model the fit check accepts), a checkpoint every 200 steps, the seed's samsum data."""
+
+
+def training_defaults(given: Collection[str]) -> dict[str, Any]:
+    """The stack's training defaults for a stack file that gives the training fields ``given``
+    (snake_case): without the samsum mapping when it names its own dataset."""
+    if "dataset" not in given:
+        return dict(TRAINING_DEFAULTS)
+    return {k: v for k, v in TRAINING_DEFAULTS.items() if k not in DATASET_DEFAULTS}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,7 +172,7 @@ class JobSettings:
     the package's own rules at preview and passed to the pod as the package's flags.
     """
 
-    training: JobConfig = field(default_factory=lambda: training_config.from_fields(TRAINING_DEFAULTS))
+    training: JobConfig = field(default_factory=lambda: training_config.from_fields(training_defaults(())))
     """The fine-tune: the training package's config (stack keys ``job.model``, ``job.seqLen`` ...)."""
     model_parameters: float | None = None
     """Parameters in billions, for models the GPU-memory fit check does not know."""
@@ -269,7 +305,9 @@ class Problem:
     fix: str
 
     def __str__(self) -> str:
-        return f"{NAMESPACE}:{self.key} = {self.value!r}: {self.fix}"
+        # A key in parentheses is not a config key (the stack's name): no namespace before it.
+        key = self.key if self.key.startswith("(") else f"{NAMESPACE}:{self.key}"
+        return f"{key} = {self.value!r}: {self.fix}"
 
 
 class SettingsError(ValueError):

@@ -30,12 +30,12 @@ from components.settings import (
     SECRET_KEYS,
     SECTIONS,
     STACK_OWNED_TRAINING_FIELDS,
-    TRAINING_DEFAULTS,
     JobSettings,
     Problem,
     Secrets,
     Settings,
     SettingsError,
+    training_defaults,
 )
 from components.settings_rules import RULES, WARNINGS
 from training import config as training_config
@@ -80,7 +80,8 @@ def _coerce(value: Any, hint: Any, key: str, problems: list[Problem]) -> Any:
     if hint is int and isinstance(value, float) and value.is_integer():
         return int(value)
     if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
-        problems.append(Problem(key, value, f"must be a {hint.__name__}"))
+        names = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+        problems.append(Problem(key, value, f"must be {names.get(hint, hint.__name__)}"))
         return None
     return value
 
@@ -142,7 +143,7 @@ def _in_stack_terms(text: str) -> str:
 def _parse_training(raw: Mapping[str, Any], problems: list[Problem]) -> training_config.JobConfig | None:
     """The training keys of ``job`` -> the package's ``JobConfig``, validated by its own rules."""
     hints = training_config.field_types()
-    values = dict(TRAINING_DEFAULTS)
+    values = training_defaults([snake(k) for k in raw])
     for raw_key, value in raw.items():
         name = snake(raw_key)
         if name in STACK_OWNED_TRAINING_FIELDS:

@@ -66,6 +66,10 @@ def _cluster_rules(s: Settings) -> list[Problem]:
     for cidr in c.public_access_cidrs:
         if not _is_cidr(cidr):
             problems.append(Problem("cluster.publicAccessCidrs", cidr, "give IPv4 CIDRs such as 203.0.113.0/24"))
+    if c.log_retention_days not in LOG_RETENTION_DAYS:
+        problems.append(Problem("cluster.logRetentionDays", c.log_retention_days,
+                                f"use one of {', '.join(map(str, LOG_RETENTION_DAYS))} (CloudWatch Logs "
+                                "retention; 0 keeps the logs forever)"))
     return problems + _cluster_access_rules(s)
 
 
@@ -93,6 +97,11 @@ def _cluster_access_rules(s: Settings) -> list[Problem]:
     return problems
 
 
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557,
+                      2922, 3288, 3653, 0)
+"""What CloudWatch Logs accepts as a log group's retention (PutRetentionPolicy ``retentionInDays``)."""
+
+
 def _gpu_node_rules(s: Settings) -> list[Problem]:
     if not s.creates_cluster:
         return []
@@ -112,8 +121,10 @@ def _gpu_node_rules(s: Settings) -> list[Problem]:
     if s.profile.reservation_only and rid is None:
         problems.append(
             Problem("gpuNodes.capacityReservationId", None,
-                    f"{s.profile.instance_type} is only sold through capacity reservations: set the ODCR id "
-                    "(pulumi config set --path gpuNodes.capacityReservationId cr-...)")
+                    f"{s.profile.instance_type} is only sold through capacity reservations: set your reservation's id "
+                    "and AZ (pulumi config set --path gpuNodes.capacityReservationId cr-...; "
+                    "pulumi config set --path gpuNodes.availabilityZone <its AZ>; "
+                    "aws ec2 describe-capacity-reservations shows both)")
         )
     if g.capacity_block and rid is None:
         problems.append(
@@ -152,6 +163,10 @@ def _job_rules(s: Settings) -> list[Problem]:
         problems.append(Problem("job.nodes", j.nodes,
                                 f"raise gpuNodes.desiredSize ({s.gpu_nodes.desired_size}) or lower job.nodes: "
                                 "the job would wait for nodes that never come"))
+    if j.training.model.precision == "fp8" and not p.float8:
+        problems.append(Problem("job.precision", "fp8",
+                                f"{p.instance_type}'s {p.gpu_model} has no float8 matrix units: use bf16 "
+                                "(or a profile with H100s, e.g. p5)"))
     if j.training.parallel.sharding == "HYBRID_SHARD" and j.nodes < 2:
         problems.append(Problem("job.sharding", "HYBRID_SHARD", "HYBRID_SHARD replicates across nodes: use "
                                 "FULL_SHARD on one node, or job.nodes >= 2"))
@@ -230,9 +245,6 @@ def _storage_rules(s: Settings) -> list[Problem]:
     if st.fsx and st.fsx_throughput_per_tib not in FSX_THROUGHPUTS_PER_TIB:
         problems.append(Problem("storage.fsxThroughputPerTiB", st.fsx_throughput_per_tib,
                                 f"use one of {', '.join(map(str, FSX_THROUGHPUTS_PER_TIB))} (MB/s per TiB, PERSISTENT_2)"))
-    if st.existing_claim_name is not None and not DNS_1123_LABEL.fullmatch(st.existing_claim_name):
-        problems.append(Problem("storage.existingClaimName", st.existing_claim_name,
-                                "give the name of a PersistentVolumeClaim (lower-case letters, digits and '-')"))
     most = max(s.job.nodes, job_node_bounds(s.job)[1])
     if most > 1 and not st.shared:
         problems.append(Problem("storage.fsx", st.fsx,
@@ -244,7 +256,52 @@ def _storage_rules(s: Settings) -> list[Problem]:
 
 
 DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-"""A Kubernetes object name such as a PersistentVolumeClaim's (RFC 1123 label)."""
+"""A Kubernetes namespace name (RFC 1123 label: at most 63 lower-case letters, digits and '-')."""
+DNS_1123_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+"""A Kubernetes object name such as a PersistentVolumeClaim's or a StorageClass's (RFC 1123
+subdomain: at most 253 characters, lower-case labels joined by '.')."""
+EKS_CLUSTER_NAME = re.compile(r"[0-9A-Za-z][A-Za-z0-9_-]{0,99}")
+"""An EKS cluster name (CreateCluster ``name``: 1-100 characters, ``^[0-9A-Za-z][A-Za-z0-9_-]*$``)."""
+STACK_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]{0,98}[a-z0-9])?")
+"""``<project>-<stack>``, the prefix of every physical name: it must be a valid EKS cluster name, the
+first path part of an ECR repository name (lower case: ``[a-z0-9]+(?:[._-][a-z0-9]+)*``) and the
+start of a Kubernetes StorageClass name (RFC 1123): lower-case letters, digits and '-' only."""
+AVAILABILITY_ZONE = re.compile(r"[a-z]{2}(-[a-z]+)+-\d[a-z]")
+"""An AZ name such as ``us-west-2c`` (a zone id such as ``usw2-az3`` is not a name)."""
+
+
+def _name_rules(s: Settings) -> list[Problem]:
+    """Every setting that becomes a Kubernetes or AWS name, checked against that API's rules."""
+    problems = []
+    if not STACK_PREFIX.fullmatch(s.name):
+        problems.append(Problem("(stack name)", s.stack,
+                                f"'{s.name}' (project-stack) names the EKS cluster, the ECR repository and a "
+                                "Kubernetes StorageClass: use lower-case letters, digits and '-' only, at most "
+                                f"{100 - len(s.project) - 1} characters (pulumi stack rename <new name>)"))
+    if not DNS_1123_LABEL.fullmatch(s.job.namespace):
+        problems.append(Problem("job.namespace", s.job.namespace,
+                                "a Kubernetes namespace name: at most 63 lower-case letters, digits and '-', "
+                                "starting and ending with a letter or digit"))
+    claim = s.storage.existing_claim_name
+    if claim is not None and not DNS_1123_SUBDOMAIN.fullmatch(claim):
+        problems.append(Problem("storage.existingClaimName", claim,
+                                "give the name of a PersistentVolumeClaim (lower-case letters, digits, '-' and '.', "
+                                "at most 253 characters)"))
+    existing = s.cluster.existing_cluster_name
+    if existing is not None and not EKS_CLUSTER_NAME.fullmatch(existing):
+        problems.append(Problem("cluster.existingClusterName", existing,
+                                "an EKS cluster name: 1-100 letters, digits, '-' and '_', starting with a letter "
+                                "or digit"))
+    if s.creates_cluster:
+        new_vpc = s.network.existing_vpc_id is None
+        zones = [("network.availabilityZones", az) for az in s.network.availability_zones if new_vpc]
+        if new_vpc or s.gpu_nodes.availability_zone:
+            zones.append(("gpuNodes.availabilityZone", s.gpu_nodes.availability_zone))
+        for key, az in zones:
+            if not AVAILABILITY_ZONE.fullmatch(az) or (s.region and not az.startswith(s.region)):
+                problems.append(Problem(key, az, f"give an AZ name of the stack's region {s.region or '(aws:region)'}, "
+                                        f"such as {s.region or 'us-west-2'}a"))
+    return problems
 
 
 def _size_rules(key: str, lo: int, desired: int, hi: int) -> list[Problem]:
@@ -284,4 +341,4 @@ WARNINGS: list[Rule] = [_open_endpoint_warning, _no_alert_receiver_warning]
 """What preview warns about but accepts (``settings_parser.settings_warnings``)."""
 
 RULES: list[Rule] = [_network_rules, _cluster_rules, _gpu_node_rules, _job_rules, _secret_rules,
-                     memory_fit.fit_problems, _observability_rules, _storage_rules]
+                     memory_fit.fit_problems, _observability_rules, _storage_rules, _name_rules]

@@ -11,9 +11,11 @@ from components.cluster import (
     ExistingClusterArgs,
 )
 from components.device_plugins import DevicePlugins, DevicePluginsArgs
+from components.forecast import preview_line
 from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
 from components.network import Network, NetworkArgs
 from components.observability import EksAddonTarget, Observability, ObservabilityArgs
+from components.preflight import preflight
 from components.registry import TrainingImage, TrainingImageArgs
 from components.settings import Settings
 from components.settings_parser import load_settings
@@ -33,18 +35,25 @@ def gpu_nodes_command(profile_instance_type: str) -> str:
 
 
 def build_stack(settings: Settings) -> dict[str, object]:
-    """Create every component for ``settings`` and return the stack outputs: the cluster (new or
-    existing, with its GPU nodes and shared storage), the device plugins, observability, then the
-    image, operator and job."""
+    """Check ``settings`` against the account (``preflight``: zones, instance offerings), then
+    create every component and return the stack outputs: the cluster (new or existing, with its
+    GPU nodes and shared storage), the device plugins, observability, then image, operator, job.
+
+    Ordering: every in-cluster layer waits for the nodes its pods need (``cluster.ready``: the
+    system nodes, CoreDNS, the Pod Identity agent; the device plugins also for the GPU nodes)."""
+    preflight(settings)
+    line = preview_line(settings)
+    if line:
+        pulumi.log.info(line)  # time and money, before anything is created
     outputs: dict[str, object] = {}
     if settings.creates_cluster:
-        cluster, shared = _new_cluster(settings, outputs)
+        cluster, shared, gpu_nodes = _new_cluster(settings, outputs)
     else:
-        cluster, shared = _existing_cluster(settings), _existing_claim(settings)
+        cluster, shared, gpu_nodes = _existing_cluster(settings), _existing_claim(settings), []
     DevicePlugins(
         "device-plugins",
         DevicePluginsArgs(provider=cluster.provider, gpu_instance_type=settings.profile.instance_type,
-                          region=settings.region),
+                          region=settings.region, ready=[*cluster.ready, *gpu_nodes]),
     )
     # Before the training job: its PodMonitor needs the monitoring CRDs (depends_on=[observability]).
     observability = _observability(settings, cluster, outputs)
@@ -67,9 +76,12 @@ def _existing_cluster(settings: Settings) -> ExistingCluster:
     )
 
 
-def _new_cluster(settings: Settings, outputs: dict[str, object]) -> tuple[EksCluster, SharedClaim | None]:
+def _new_cluster(
+    settings: Settings, outputs: dict[str, object]
+) -> tuple[EksCluster, SharedClaim | None, list[pulumi.Resource]]:
     """Network, EKS cluster, GPU node group and (with FSx) the shared storage; adds their outputs.
-    Returns the cluster and the checkpoint claim (FSx's, else an existing one, else None)."""
+    Returns the cluster, the checkpoint claim (FSx's, else an existing one, else None) and the GPU
+    node group (what the device plugins wait for)."""
     network = Network(
         "network",
         NetworkArgs(
@@ -101,12 +113,14 @@ def _new_cluster(settings: Settings, outputs: dict[str, object]) -> tuple[EksClu
             cluster_security_group_id=cluster.cluster_security_group_id,
             node_role_arn=cluster.node_role.arn,
             lustre_client=settings.storage.fsx,
+            # Not the whole cluster: the GPU nodes start beside the system nodes, not after
+            # CoreDNS (which waits for the system nodes).
+            can_join=cluster.nodes_can_join,
         ),
-        opts=pulumi.ResourceOptions(depends_on=[cluster]),
     )
     outputs["gpu_node_group"] = gpu.node_group_name
     if not settings.storage.fsx:
-        return cluster, _existing_claim(settings)
+        return cluster, _existing_claim(settings), [gpu.node_group]
     storage = SharedStorage(
         "storage",
         SharedStorageArgs(
@@ -122,7 +136,7 @@ def _new_cluster(settings: Settings, outputs: dict[str, object]) -> tuple[EksClu
         ),
     )
     outputs["fsx_file_system_id"] = storage.file_system_id
-    return cluster, storage.claim
+    return cluster, storage.claim, [gpu.node_group]
 
 
 def _observability(
@@ -167,7 +181,8 @@ def _training(
     image = TrainingImage("training-image", TrainingImageArgs(name=settings.name))
     operator = TrainingOperator(
         "training-operator",
-        TrainingOperatorArgs(provider=cluster.provider, system_node_selector=cluster.system_node_selector),
+        TrainingOperatorArgs(provider=cluster.provider, system_node_selector=cluster.system_node_selector,
+                             ready=cluster.ready),
     )
     job = TrainingJob(
         "training-job",
@@ -181,6 +196,7 @@ def _training(
             operator=[operator],
             monitoring=monitoring,
             shared=shared,
+            ready=cluster.ready,
         ),
     )
     return {

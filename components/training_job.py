@@ -169,10 +169,17 @@ def training_command(job: JobSettings, data_dir: str = RUN_DIR) -> list[str]:
     return ["torchrun", "-m", "training.finetune", *training_config.to_argv(config)]
 
 
-def _env(hf_secret: str | None) -> list[dict]:
+def _env(job: JobSettings, hf_secret: str | None) -> list[dict]:
+    timeout_s = training_config.flat(job.training)["collective_timeout_s"]
     env = [
         {"name": "FI_EFA_USE_HUGE_PAGE", "value": "0"},
+        # A hung collective ends the process within --collective-timeout-s: NCCL's watchdog
+        # aborts the communicator and (1 = tear down) the process exits, so torchrun restarts
+        # the group. The heartbeat monitor kills the process if the watchdog itself is stuck
+        # (e.g. in a CUDA call on a GPU that fell off the bus) for as long (torch's
+        # ProcessGroupNCCL; default 480 s otherwise, whatever the collective timeout).
         {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+        {"name": "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "value": str(timeout_s)},
         {"name": "TORCH_NCCL_TRACE_BUFFER_SIZE", "value": str(NCCL_TRACE_BUFFER_SIZE)},
         {"name": "TORCH_NCCL_DUMP_ON_TIMEOUT", "value": "1"},
         {"name": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "value": NCCL_TRACE_PREFIX},
@@ -206,7 +213,7 @@ def _pod_template(
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         "command": training_command(job, data_dir),
-        "env": _env(hf_secret),
+        "env": _env(job, hf_secret),
         "ports": ports,
         "securityContext": dict(WORKER_SECURITY["container"]),
         "resources": {
@@ -379,6 +386,9 @@ class TrainingJobArgs:
     """The monitoring stack that installs the PodMonitor CRD; None: no PodMonitor."""
     shared: SharedClaim | None = None
     """The claim every worker mounts for checkpoints and the exported model; None: node-local NVMe."""
+    ready: Sequence[pulumi.Resource] = ()
+    """What the job's namespace (and so everything in it: etcd, the Secret, the job) waits for:
+    the system nodes etcd runs on and cluster DNS (the cluster's ``ready``)."""
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -389,7 +399,8 @@ class TrainingJob(pulumi.ComponentResource):
         ns = args.job.namespace
         in_cluster = pulumi.ResourceOptions(parent=self, provider=args.provider)
         self.namespace = k8s.core.v1.Namespace(
-            f"{name}-namespace", metadata={"name": ns, "labels": dict(LABELS)}, opts=in_cluster
+            f"{name}-namespace", metadata={"name": ns, "labels": dict(LABELS)},
+            opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(depends_on=list(args.ready))),
         )
         in_namespace = pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(depends_on=[self.namespace]))
         self.hf_secret = self._hf_secret(name, ns, args.hf_token, in_namespace)

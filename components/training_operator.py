@@ -9,7 +9,7 @@ repository at preview and update, with no git or network, exactly as the tests r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pulumi
@@ -33,6 +33,8 @@ class TrainingOperatorArgs:
     """The cluster's provider; it must have server-side apply enabled."""
     system_node_selector: Mapping[str, str] = field(default_factory=dict)
     """The cluster's system node label (empty on an existing cluster)."""
+    ready: Sequence[pulumi.Resource] = ()
+    """What the operator waits for: the nodes and cluster DNS its pods need (the cluster's ``ready``)."""
 
 
 class TrainingOperator(pulumi.ComponentResource):
@@ -48,6 +50,6 @@ class TrainingOperator(pulumi.ComponentResource):
             # Children wait for readiness (skip_await False): the job is created only once the
             # CRD is established and the operator's webhook answers.
             skip_await=False,
-            opts=pulumi.ResourceOptions(parent=self, provider=args.provider),
+            opts=pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=list(args.ready)),
         )
         self.register_outputs({"manifests": directory})

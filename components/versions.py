@@ -7,6 +7,7 @@ No ``latest``, no ``master``, no "most recent" look-ups: a ``pulumi up`` next ye
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import date
 from pathlib import PurePosixPath
 
 CHARTS_DIR = PurePosixPath("components/charts")
@@ -35,11 +36,18 @@ class HelmChart:
 
 
 # Kubernetes minor versions the add-on pins below were chosen for. A stack asking for another
-# version fails validation: add the version here with its add-on pins to support it.
+# version fails validation: add the version here with its add-on pins and its end of standard
+# support to support it. Check each pin with
+# `aws eks describe-addon-versions --kubernetes-version X --addon-name Y` when bumping.
 EKS_ADDONS: dict[str, dict[str, str]] = {
-    # Sources: the AWS EKS user guide's per-version tables (coredns, kube-proxy, vpc-cni for
-    # 1.33); the others from pins used for these versions in public EKS repositories. Check
-    # with `aws eks describe-addon-versions --kubernetes-version X --addon-name Y` when bumping.
+    # 1.33 and 1.34: the AWS EKS user guide's per-version tables (coredns, kube-proxy,
+    # vpc-cni); the others from pins used for these versions in public EKS repositories.
+    # eks-node-monitoring-agent (the node health checks behind GPU-node auto repair): 1.33's
+    # v1.4.0-eksbuild.2 beside kube-proxy v1.33.3 in a public EKS Terraform stack; 1.34's
+    # v1.4.2-eksbuild.1 and 1.35's v1.6.2-eksbuild.1 in the public Terraform environment
+    # file of the UK MoJ Analytical Platform's clusters at those versions. The agent reads node
+    # logs and is not tied to a Kubernetes minor, but EKS lists its builds per version.
+    # For 1.36 none was found: the 1.35 build is inferred, to check with describe-addon-versions.
     "1.33": {
         # vpc-cni >= v1.18.4 is needed for `efa-only` network interfaces.
         "vpc-cni": "v1.20.1-eksbuild.3",
@@ -48,6 +56,7 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
         "eks-pod-identity-agent": "v1.3.10-eksbuild.1",
         "aws-ebs-csi-driver": "v1.53.0-eksbuild.1",
         "amazon-cloudwatch-observability": "v4.7.0-eksbuild.1",
+        "eks-node-monitoring-agent": "v1.4.0-eksbuild.2",
     },
     "1.34": {
         "vpc-cni": "v1.21.1-eksbuild.1",
@@ -56,10 +65,72 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
         "eks-pod-identity-agent": "v1.3.10-eksbuild.1",
         "aws-ebs-csi-driver": "v1.53.0-eksbuild.1",
         "amazon-cloudwatch-observability": "v5.0.0-eksbuild.1",
+        "eks-node-monitoring-agent": "v1.4.2-eksbuild.1",
+    },
+    # 1.35: every pin as a public Terraform configuration of an EKS 1.35 cluster pins it
+    # (eks_addons of a 1.35 cluster, 2026): not read from the EKS add-on version tables, whose
+    # stored copies stop at 1.34 -- inferred, check with describe-addon-versions.
+    "1.35": {
+        "vpc-cni": "v1.21.1-eksbuild.3",
+        "coredns": "v1.13.2-eksbuild.1",
+        "kube-proxy": "v1.35.0-eksbuild.2",
+        "eks-pod-identity-agent": "v1.3.10-eksbuild.3",
+        "aws-ebs-csi-driver": "v1.57.1-eksbuild.1",
+        "amazon-cloudwatch-observability": "v5.3.0-eksbuild.1",
+        "eks-node-monitoring-agent": "v1.6.2-eksbuild.1",
+    },
+    # 1.36: vpc-cni, coredns, kube-proxy, pod identity agent and EBS CSI as a public Terraform
+    # module pins them for an EKS 1.36 cluster (eks_version "1.36", 2026); CloudWatch: the
+    # 1.35 pin, assumed to serve 1.36 too (the add-on's v5 builds span several Kubernetes
+    # versions) -- all inferred, not read from the EKS add-on version tables.
+    "1.36": {
+        "vpc-cni": "v1.22.3-eksbuild.1",
+        "coredns": "v1.14.3-eksbuild.3",
+        "kube-proxy": "v1.36.0-eksbuild.13",
+        "eks-pod-identity-agent": "v1.3.10-eksbuild.3",
+        "aws-ebs-csi-driver": "v1.63.1-eksbuild.1",
+        "amazon-cloudwatch-observability": "v5.3.0-eksbuild.1",
+        "eks-node-monitoring-agent": "v1.6.2-eksbuild.1",
     },
 }
 SUPPORTED_KUBERNETES_VERSIONS: tuple[str, ...] = tuple(EKS_ADDONS)
-DEFAULT_KUBERNETES_VERSION = "1.33"
+DEFAULT_KUBERNETES_VERSION = "1.36"
+"""The newest pinned version: the one with the longest standard support ahead."""
+
+STANDARD_SUPPORT_END: dict[str, date] = {
+    # AWS EKS user guide, "Amazon EKS Kubernetes release calendar" (dates in UTC; extended
+    # support is billed from the start of that day).
+    "1.33": date(2026, 7, 29),
+    "1.34": date(2026, 12, 2),
+    # Released on EKS 2026-01-27/28: endoflife.date's amazon-eks table (from the same calendar).
+    "1.35": date(2027, 3, 27),
+    # Released on EKS 2026-06-02: endoflife.date's amazon-eks table (PR #10240); 14 months
+    # after release, as the calendar rule gives.
+    "1.36": date(2027, 8, 2),
+}
+"""End of EKS standard support per version. After it a cluster with the ``EXTENDED`` support
+type is billed about 6x the standard control-plane price; with ``STANDARD`` EKS upgrades it
+to the next version automatically (EKS user guide, "Manage EKS extended support")."""
+
+
+def standard_support_warning(version: str, today: date) -> str | None:
+    """A warning for a Kubernetes version whose EKS standard support has ended (or ends within
+    30 days) on ``today``; None when it has time left or is unknown."""
+    end = STANDARD_SUPPORT_END.get(version)
+    if end is None:
+        return None
+    newest = max(STANDARD_SUPPORT_END, key=STANDARD_SUPPORT_END.__getitem__)
+    advice = (f"set cluster.kubernetesVersion to {newest} (standard support until "
+              f"{STANDARD_SUPPORT_END[newest].isoformat()})")
+    if today >= end:
+        return (f"Kubernetes {version} left EKS standard support on {end.isoformat()}: with "
+                f"cluster.supportType EXTENDED the control plane costs about 6x, with STANDARD EKS "
+                f"upgrades it on its own; {advice}")
+    if (end - today).days <= 30:
+        return (f"Kubernetes {version} leaves EKS standard support on {end.isoformat()} "
+                f"({(end - today).days} days); {advice}")
+    return None
+
 
 # Observability (components/observability.py).
 KUBE_PROMETHEUS_STACK = HelmChart(

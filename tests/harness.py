@@ -24,11 +24,11 @@ from components.offline import (
 )
 from components.settings import (
     SECRET_KEYS,
-    TRAINING_DEFAULTS,
     JobSettings,
     Secrets,
     Settings,
     SettingsError,
+    training_defaults,
 )
 from components.settings_parser import parse_settings
 from training import config as training_config
@@ -36,7 +36,8 @@ from training import config as training_config
 __all__ = ["DUMMY_SECRETS", "STACKS", "Recording", "Registration", "run_program", "stack_config", "tolerates",
            "SECRETS", "raw_settings", "job_settings", "parse", "settings_error", "plain", "PYTORCHJOB", "job_of", "worker",
            "container", "parse_flags", "GPU_TAINT", "HELM", "POD_IDENTITY", "release", "installs_pin", "pod_identity",
-           "trusted_by_pod_identity", "variant_config", "variant", "require_tool", "tool_missing", "under_ci", "free_port"]
+           "trusted_by_pod_identity", "waits_for", "region_of", "variant_config", "variant", "require_tool",
+           "tool_missing", "under_ci", "free_port"]
 
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
 HELM = "kubernetes:helm.sh/v3:Release"
@@ -110,19 +111,41 @@ def job_settings(**values: Any) -> JobSettings:
     """A job with the stack's defaults and these fields changed: the job's own (``nodes``) and
     the training package's (``seq_len``), as snake_case names."""
     own = {k: values.pop(k) for k in list(values) if k in {f.name for f in dataclasses.fields(JobSettings)}}
-    return JobSettings(training=training_config.from_fields({**TRAINING_DEFAULTS, **values}), **own)
+    return JobSettings(training=training_config.from_fields({**training_defaults(values), **values}), **own)
 
 
-def parse(config: dict, secrets: Secrets = SECRETS) -> Settings:
-    """``parse_settings`` as a preview of stack ``test`` would call it."""
-    return parse_settings(config, project="fsdp-eks", stack="test", region="us-west-2", secrets=secrets)
+def region_of(config: dict) -> str:
+    """The region a stack file's GPU AZ lies in (``us-east-1a`` -> ``us-east-1``); us-west-2 without one."""
+    az = config.get("gpuNodes", {}).get("availabilityZone") if isinstance(config.get("gpuNodes"), dict) else None
+    return az[:-1] if isinstance(az, str) and az[-1:].isalpha() else "us-west-2"
 
 
-def settings_error(config: dict, secrets: Secrets = SECRETS) -> SettingsError:
+def parse(config: dict, secrets: Secrets = SECRETS, stack: str = "test") -> Settings:
+    """``parse_settings`` as a preview of stack ``stack`` would call it, in the region of the
+    config's GPU AZ (as the stack files set ``aws:region``)."""
+    return parse_settings(config, project="fsdp-eks", stack=stack, region=region_of(config), secrets=secrets)
+
+
+def settings_error(config: dict, secrets: Secrets = SECRETS, stack: str = "test") -> SettingsError:
     """The error ``config`` must raise."""
     with pytest.raises(SettingsError) as info:
-        parse(config, secrets)
+        parse(config, secrets, stack)
     return info.value
+
+
+def waits_for(recording: Recording, name: str) -> set[str]:
+    """Names of every resource ``name`` waits for, directly or through what it waits for: its
+    ``depends_on`` and the resources its inputs come from, as the engine received them. Destroy
+    runs this graph in reverse: ``name`` is deleted before all of them."""
+    direct = {r.name: r.dependencies for r in recording.resources}
+    seen: set[str] = set()
+    todo = list(direct.get(name, []))
+    while todo:
+        current = todo.pop()
+        if current not in seen:
+            seen.add(current)
+            todo.extend(direct.get(current, []))
+    return seen
 
 
 def tolerates(tolerations: list[dict], taint: dict) -> bool:

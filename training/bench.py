@@ -5,10 +5,12 @@
 
 Every flag of `training.finetune` means the same here (the same `JobConfig`), plus the
 benchmark's own (`--shape`, `--bench-steps`, ...; see --help). The model is the one
-`training.finetune` builds, wrapped the same way (`finetune._parallelize`: attention backend, loss
-forward, AC, compile, fully_shard), with the same optimizer (`_build_optimizer`) and the same
-`train_step`; only the weights (random, or `--model DIR` through the real loading path) and the
-data (uniform random token ids) differ. No special fast path.
+`training.finetune` builds, with its builders (`parallelize_model`: attention backend, loss
+forward, AC, compile, fully_shard; `build_model`, `build_optimizer`, `build_scheduler`) and the
+same `train_step`; only the weights (random, or `--model DIR` through the real loading path) and
+the data (uniform random token ids) differ. No special fast path. The JSON names what the
+fine-tune also reports as it does: `run/*` (`finetune.describe`), `perf/*`
+(`metrics.perf_metrics`); the rest is the bench's own.
 
 Method (docs/design.md#measuring-speed): `--bench-warmup` steps (compilation, allocator growth) are excluded;
 then `--bench-steps` steps are timed without a host sync between them (the host queues ahead, as
@@ -33,22 +35,22 @@ import os  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 from training import hub, shapes, tiny  # noqa: E402
 from training.config import JobConfig, flag, parse_args  # noqa: E402
 from training.dist import DistEnv, init_distributed  # noqa: E402
-from training.finetune import (WarmupCosine, _build_model, _build_optimizer,  # noqa: E402
-                               _parallelize, _setup_logging, set_runtime_defaults,
-                               train_step)
-from training.metrics import (device_name, dtype_name, mfu_pct, model_flops,  # noqa: E402
-                              peak_flops)
+from training.finetune import (build_model, build_optimizer, build_scheduler,  # noqa: E402
+                               describe, parallelize_model, set_runtime_defaults,
+                               setup_logging, train_step)
+from training.metrics import peak_flops, perf_metrics  # noqa: E402
 from training.model import init_random_, meta_model_from_config  # noqa: E402
-from training.parallel import compute_dtype  # noqa: E402
 
 log = logging.getLogger("training.bench")
 
@@ -88,6 +90,13 @@ def bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-steps", type=int, default=0,
                    help="after the timed steps, profile this many more (torch.profiler) and "
                         "write rank 0's Chrome trace beside the JSON (.trace.json.gz)")
+    p.add_argument("--fsdp-at-world-1", action="store_true",
+                   help="keep fully_shard on one GPU (default: local mixed precision there), "
+                        "to measure what FSDP costs at world size 1")
+    p.add_argument("--checkpoint-cost", metavar="DIR", default=None,
+                   help="after the timed steps, measure what one checkpoint of the model and "
+                        "optimizer state (DCP, as training/checkpoint.py) costs the steps: "
+                        "dcp.save, and dcp.async_save with default and pinned staging, to DIR")
     p.add_argument("--sync-every-step", action="store_true",
                    help="read the loss on the host after every step (as a per-step logger "
                         "would), to measure what that sync costs")
@@ -130,11 +139,9 @@ def _max_over_ranks(values: list[float], device: torch.device) -> list[float]:
 
 
 def _versions(env: DistEnv) -> dict:
-    import transformers
-
+    """Versions beside run/torch and run/transformers."""
     cuda = env.device.type == "cuda"
-    out = {"python": platform.python_version(), "torch": torch.__version__,
-           "transformers": transformers.__version__,
+    out = {"python": platform.python_version(),
            "cuda": torch.version.cuda if cuda else None,
            "cudnn": torch.backends.cudnn.version() if cuda else None,
            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None}
@@ -147,54 +154,48 @@ def _versions(env: DistEnv) -> dict:
     return out
 
 
-def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -> dict:
-    device = env.device
-    if args.memory_fraction is not None and device.type == "cuda":
-        torch.cuda.set_per_process_memory_fraction(args.memory_fraction, device)
-    started = time.perf_counter()
+def _build_model(args: argparse.Namespace, cfg: JobConfig,
+                 env: DistEnv) -> tuple[nn.Module, dict, str]:
+    """(model, what was wrapped, where its weights come from): a random-init model of the
+    --shape through `finetune.parallelize_model`, or --model through `finetune.build_model`."""
     if args.shape or any(getattr(args, n) is not None for n in SHAPE_FLAGS):
-        model_cfg = _model_config(args, cfg.data.seq_len)
-        model = meta_model_from_config(model_cfg)
-        _parallelize(cfg, model, env)
+        model = meta_model_from_config(_model_config(args, cfg.data.seq_len))
+        _, wrapped = parallelize_model(cfg, model, env, fsdp_at_world_1=args.fsdp_at_world_1)
         init_random_(model, cfg.train.seed)
         model.train()
-        source = f"random init, shape {args.shape or 'custom'}"
-    else:
-        model_dir = hub.fetch_model(cfg.model.model, cfg.model.cache_dir, cfg.train.seed, env)
-        model = _build_model(cfg, model_dir, env)
-        source = f"loaded from {cfg.model.model}"
-    _sync(device)
-    timings["model_s"] = time.perf_counter() - started
+        return model, wrapped, f"random init, shape {args.shape or 'custom'}"
+    model_dir = hub.fetch_model(cfg.model.model, cfg.model.cache_dir, cfg.train.seed, env)
+    model = build_model(cfg, model_dir, env)
+    return model, {"fully_shard": 1} if env.world_size > 1 else {}, f"loaded from {cfg.model.model}"
 
-    started = time.perf_counter()
-    optimizer = _build_optimizer(model, cfg.optim, device)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, WarmupCosine(cfg.optim.warmup_steps, 10**6, cfg.optim.min_lr_ratio))
-    probe = _StateProbe(optimizer, device)
-    timings["optimizer_s"] = time.perf_counter() - started
 
-    mcfg = model.config
-    n_total, n_embedding, flops_token = model_flops(model, cfg.data.seq_len)
-    local_params = sum((p.to_local() if isinstance(p, DTensor) else p).numel()
-                       for p in model.parameters())
+def _stepper(cfg: JobConfig, env: DistEnv, model: nn.Module, optimizer: torch.optim.Optimizer,
+             scheduler: torch.optim.lr_scheduler.LRScheduler) -> Callable[[], tuple]:
+    """`finetune.train_step` on fresh uniform random tokens, as a call without arguments."""
     gen = torch.Generator().manual_seed(cfg.train.seed * 1000 + env.rank)
-    b, s, accum = cfg.train.batch_size, cfg.data.seq_len, cfg.train.grad_accum
+    b, s, vocab = cfg.train.batch_size, cfg.data.seq_len, model.config.vocab_size
 
     def micro_batches():
         out = []
-        for _ in range(accum):
-            tokens = torch.randint(0, mcfg.vocab_size, (b, s + 1), generator=gen)
-            out.append((tokens[:, :-1].to(device, non_blocking=True),
-                        tokens[:, 1:].to(device, non_blocking=True)))
+        for _ in range(cfg.train.grad_accum):
+            tokens = torch.randint(0, vocab, (b, s + 1), generator=gen)
+            out.append((tokens[:, :-1].to(env.device, non_blocking=True),
+                        tokens[:, 1:].to(env.device, non_blocking=True)))
         return out
 
     def step():
         return train_step(model, optimizer, scheduler, micro_batches(),
                           cfg.optim.max_grad_norm, env)
 
-    losses: list[torch.Tensor] = []
+    return step
+
+
+def _warm_up(args: argparse.Namespace, step: Callable[[], tuple], device: torch.device,
+             timings: dict) -> list[torch.Tensor]:
+    """The first step (timed: time to first step) and the rest of --bench-warmup; then every
+    rank is lined up and the memory peaks are reset. Returns the steps' losses."""
     started = time.perf_counter()
-    losses.append(step()[0])
+    losses = [step()[0]]
     _sync(device)
     timings["first_step_s"] = time.perf_counter() - started
     timings["time_to_first_step_s"] = time.perf_counter() - _STARTED
@@ -206,7 +207,14 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
     dist.barrier()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    return losses
 
+
+def _timed_steps(args: argparse.Namespace, step: Callable[[], tuple], device: torch.device,
+                 losses: list[torch.Tensor]) -> tuple[list[float], float]:
+    """--bench-steps steps without a host sync between them (unless --sync-every-step);
+    appends their losses. Returns (each step's time, from CUDA events on a GPU; the wall-clock
+    time of all of them)."""
     cuda = device.type == "cuda"
     events = [torch.cuda.Event(enable_timing=True)] if cuda else []
     if cuda:
@@ -224,101 +232,214 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
     _sync(device)
     wall = time.perf_counter() - stamps[0]
     if cuda:
-        step_times = [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
-    else:
-        step_times = [b - a for a, b in zip(stamps, stamps[1:])]
+        return [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])], wall
+    return [b - a for a, b in zip(stamps, stamps[1:])], wall
 
+
+def _profile(args: argparse.Namespace, cfg: JobConfig, env: DistEnv,
+             step: Callable[[], tuple]) -> None:
+    """--profile-steps more steps under torch.profiler; rank 0's Chrome trace beside the JSON."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = env.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(args.profile_steps):
+            step()
+        _sync(env.device)
+    if env.is_main:
+        trace = Path(args.out) / f"{_name(args, cfg, env)}.trace.json.gz"
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace))
+
+
+def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -> dict:
+    """Build as the fine-tune does, warm up, time --bench-steps steps, optionally profile and
+    measure a checkpoint; returns the run's record."""
+    device = env.device
+    if args.memory_fraction is not None and device.type == "cuda":
+        torch.cuda.set_per_process_memory_fraction(args.memory_fraction, device)
+    started = time.perf_counter()
+    model, wrapped, source = _build_model(args, cfg, env)
+    _sync(device)
+    timings["model_s"] = time.perf_counter() - started
+    started = time.perf_counter()
+    optimizer = build_optimizer(model, cfg.optim, device)
+    scheduler = build_scheduler(optimizer, cfg.optim, total=10**6)  # warm-up, then flat
+    probe = _StateProbe(optimizer, device)
+    timings["optimizer_s"] = time.perf_counter() - started
+    step = _stepper(cfg, env, model, optimizer, scheduler)
+    losses = _warm_up(args, step, device, timings)
+    step_times, wall = _timed_steps(args, step, device, losses)
     if args.profile_steps:
-        from torch.profiler import ProfilerActivity, profile
+        _profile(args, cfg, env, step)
+    checkpoint_cost = (_checkpoint_cost(step, model, optimizer, Path(args.checkpoint_cost),
+                                        device) if args.checkpoint_cost else None)
+    setup = _setup_record(args, cfg, env, model, wrapped, source)
+    record = {**setup, **_speed_record(args, cfg, env, setup["run/flops_per_token"], step_times,
+                                       wall),
+              "losses": [float(t) for t in losses],
+              "memory_gib": _memory(args, env, model, probe),
+              "time_to_first_step_s": timings["time_to_first_step_s"],
+              "startup_s": {k: v for k, v in timings.items() if k != "time_to_first_step_s"},
+              "config": cfg.to_dict()}
+    if checkpoint_cost is not None:
+        record["checkpoint_cost"] = checkpoint_cost
+    return record
 
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        with profile(activities=activities) as prof:
-            for _ in range(args.profile_steps):
-                step()
-            _sync(device)
-        if env.is_main:
-            trace = Path(args.out) / f"{_name(args, cfg, env)}.trace.json.gz"
-            trace.parent.mkdir(parents=True, exist_ok=True)
-            prof.export_chrome_trace(str(trace))
 
-    peak_alloc = torch.cuda.max_memory_allocated(device) if cuda else 0
-    peak_reserved = torch.cuda.max_memory_reserved(device) if cuda else 0
-    state = probe.allocated or 0
-    peak_alloc, peak_reserved, state = _max_over_ranks([peak_alloc, peak_reserved, state], device)
-    project = args.project_world
-    loss_values = [float(t) for t in losses]
-
-    tokens_gpu_step = b * s * accum
-    step_mean = wall / args.bench_steps
-    per_gpu = tokens_gpu_step / step_mean
-    peak = peak_flops(device)
-    expected_state = 16 * local_params
-    formula_state = 16 * n_total / env.world_size
-    record = {
+def _setup_record(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, model: nn.Module,
+                  wrapped: dict, source: str) -> dict:
+    """What was run: the fine-tune's description (`run/*`, `finetune.describe`) with the
+    model's source as run/model, and what only the bench reports."""
+    mcfg = model.config
+    b, accum = cfg.train.batch_size, cfg.train.grad_accum
+    return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "tag": args.tag,
         "status": "ok",
-        "model": {"source": source, "shape": args.shape, "params": n_total,
-                  "params_without_embedding": n_total - n_embedding,
-                  "layers": mcfg.num_hidden_layers, "hidden": mcfg.hidden_size,
-                  "intermediate": mcfg.intermediate_size, "heads": mcfg.num_attention_heads,
-                  "kv_heads": mcfg.num_key_value_heads, "vocab": mcfg.vocab_size},
-        "seq_len": s,
-        "batch": {"per_gpu_sequences": b * accum, "per_gpu_tokens": tokens_gpu_step,
+        **describe(cfg, env, model),
+        "run/model": source,
+        "model": {"shape": args.shape, "intermediate": mcfg.intermediate_size,
+                  "heads": mcfg.num_attention_heads, "kv_heads": mcfg.num_key_value_heads,
+                  "vocab": mcfg.vocab_size},
+        "batch": {"per_gpu_sequences": b * accum, "per_gpu_tokens": b * cfg.data.seq_len * accum,
                   "micro_batch_sequences": b, "grad_accum": accum,
-                  "global_sequences": b * accum * env.world_size,
-                  "global_tokens": tokens_gpu_step * env.world_size},
-        "gpus": env.world_size, "nodes": env.num_nodes,
-        "gpu_name": device_name(device),
-        "precision": {"params_compute": dtype_name(compute_dtype(cfg.model.dtype, device)),
-                      "master_params": "float32", "reductions": "float32",
-                      "optimizer_states": "float32"},
-        "activation_checkpointing": cfg.parallel.activation_checkpointing,
-        "compile": cfg.parallel.compile,
-        "fp8": cfg.model.fp8,
+                  "global_sequences": b * accum * env.world_size},
+        "precision": {"master_params": "float32"},
         "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get(
             "PYTORCH_ALLOC_CONF"),
-        "strategy": cfg.parallel.sharding,
-        "sdpa_backend": cfg.model.sdpa_backend,
-        "loss": cfg.model.loss,
+        "strategy": (cfg.parallel.sharding if "fully_shard" in wrapped
+                     else "none: local mixed precision (world size 1)"),
+        "wrapped": wrapped,
         "sync_every_step": args.sync_every_step,
         "memory_fraction": args.memory_fraction,
         "versions": _versions(env),
         "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCHINDUCTOR_CACHE_DIR",
                                                "CUDA_VISIBLE_DEVICES", "NCCL_MAX_CTAS")},
         "steps": {"warmup": args.bench_warmup, "timed": args.bench_steps},
-        "flops_per_token": flops_token,
-        "peak_flops": peak,
-        "tokens_per_s_per_gpu": per_gpu,
-        "tokens_per_s": per_gpu * env.world_size,
-        "mfu_pct": mfu_pct(per_gpu, flops_token, peak),
-        "step_time_s": {"mean": step_mean, "median": statistics.median(step_times),
-                        "min": min(step_times), "max": max(step_times),
-                        "stdev": statistics.pstdev(step_times)},
-        "step_times_s": step_times,
-        "losses": loss_values,
-        "memory_gib": _memory(peak_alloc, peak_reserved, state, expected_state, formula_state,
-                              env.world_size, project) if cuda else None,
-        "time_to_first_step_s": timings["time_to_first_step_s"],
-        "startup_s": {k: v for k, v in timings.items() if k != "time_to_first_step_s"},
-        "config": cfg.to_dict(),
     }
-    return record
 
 
-def _memory(peak_alloc: float, peak_reserved: float, state: float, expected_state: float,
-            formula_state: float, world: int, project: int) -> dict:
-    """Peaks, model state against 16 B x params / world, and the peak projected to `project`
-    GPUs: model state shrinks as world / project, activations and transients stay."""
-    shrink = state * (1 - world / project)
+def _speed_record(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, flops_token: float,
+                  step_times: list[float], wall: float) -> dict:
+    """The fine-tune's `perf/*` metrics (`metrics.perf_metrics`) of the mean timed step (the
+    wall-clock time of all over their number), and the spread of the steps."""
+    peak = peak_flops(env.device)
+    tokens = cfg.train.batch_size * cfg.data.seq_len * cfg.train.grad_accum * env.world_size
+    return {
+        "peak_flops": peak,
+        **perf_metrics(tokens=tokens, step_time_s=wall / args.bench_steps,
+                       world_size=env.world_size, flops_token=flops_token, peak=peak),
+        "step_time_s": {"median": statistics.median(step_times), "min": min(step_times),
+                        "max": max(step_times), "stdev": statistics.pstdev(step_times)},
+        "step_times_s": step_times,
+    }
+
+
+def _checkpoint_cost(step, model, optimizer, where: Path, device: torch.device) -> dict:
+    """What one checkpoint costs the training steps (issue 16), with the DCP calls of
+    training/checkpoint.py (model and optimizer state dicts of `get_*_state_dict`).
+
+    sync: the step that saves with `dcp.save` minus a plain step (the median of 5). async: the
+    time `dcp.async_save` blocks (the state staged into CPU memory), plus what the steps run
+    during the background write lose against the plain step. Three async variants: the default
+    stager (a blocking copy to pageable memory), and a pinned-memory stager with non-blocking
+    copies, kept across saves as a job would (its first save allocates the pinned buffers, the
+    second is the steady state)."""
+    import shutil
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    def state() -> dict:
+        return {"model": get_model_state_dict(model),
+                "optimizer": get_optimizer_state_dict(model, optimizer)}
+
+    def timed(n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            started = time.perf_counter()
+            step()
+            _sync(device)
+            out.append(time.perf_counter() - started)
+        return out
+
+    def local_bytes(tree) -> int:
+        if isinstance(tree, dict):
+            return sum(local_bytes(v) for v in tree.values())
+        if isinstance(tree, (list, tuple)):
+            return sum(local_bytes(v) for v in tree)
+        if isinstance(tree, torch.Tensor):
+            t = tree.to_local() if isinstance(tree, DTensor) else tree
+            return t.numel() * t.element_size()
+        return 0
+
+    base = statistics.median(timed(5))
+    out: dict = {"state_gib_per_rank": local_bytes(state()) / GIB, "plain_step_s": base,
+                 "dir": str(where)}
+    started = time.perf_counter()
+    step()
+    dcp.save(state(), checkpoint_id=str(where / "sync"))
+    _sync(device)
+    out["sync"] = {"blocked_s": time.perf_counter() - started - base}
+    log.info("checkpoint cost: %s", json.dumps(out))
+    shutil.rmtree(where / "sync", ignore_errors=True)
+    cuda = device.type == "cuda"  # pinned memory and non-blocking copies need a GPU
+    stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                          use_async_staging=True, use_non_blocking_copy=cuda))
+    for name, kwargs in (("async_pinned_first", {"async_stager": stager}),
+                         ("async_pinned", {"async_stager": stager}),
+                         ("async_default_staging", {})):
+        step()
+        _sync(device)
+        started = time.perf_counter()
+        response = dcp.async_save(state(), checkpoint_id=str(where / name), **kwargs)
+        staging = getattr(response, "staging_completion", None)
+        upload = getattr(response, "upload_completion", response)
+        if staging is not None:  # the next optimizer step must not change what is staged
+            staging.result()
+        blocked = time.perf_counter() - started
+        during = []
+        while not upload.done():
+            during += timed(1)
+        upload.result()
+        out[name] = {"blocked_s": blocked, "write_s": time.perf_counter() - started,
+                     "steps_during_write": len(during),
+                     "step_during_write_median_s": statistics.median(during) if during else None,
+                     "lost_during_write_s": sum(d - base for d in during),
+                     "cost_s": blocked + sum(d - base for d in during)}
+        log.info("checkpoint cost %s: %s", name, json.dumps(out[name]))
+        shutil.rmtree(where / name, ignore_errors=True)
+    stager.close()
+    return out
+
+
+def _memory(args: argparse.Namespace, env: DistEnv, model: nn.Module,
+            probe: _StateProbe) -> dict | None:
+    """The allocator's peaks since the warm-up (max over ranks), model state against 16 B x
+    params / world, and the peak projected to --project-world GPUs: model state shrinks as
+    world / project, activations and transients stay. None without a GPU."""
+    device = env.device
+    if device.type != "cuda":
+        return None
+    peak_alloc, peak_reserved, state = _max_over_ranks(
+        [torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device),
+         probe.allocated or 0], device)
+    local_params = sum((p.to_local() if isinstance(p, DTensor) else p).numel()
+                       for p in model.parameters())
+    formula_state = 16 * sum(p.numel() for p in model.parameters()) / env.world_size
+    shrink = state * (1 - env.world_size / args.project_world)
     return {
         "peak_allocated": peak_alloc / GIB, "peak_reserved": peak_reserved / GIB,
         "model_state_measured": state / GIB,
-        "model_state_expected_local": expected_state / GIB,
+        "model_state_expected_local": 16 * local_params / GIB,
         "model_state_formula": formula_state / GIB,
         "model_state_error_pct": 100.0 * (state - formula_state) / formula_state,
         "activations_and_transients": (peak_alloc - state) / GIB,
-        "project_world": project,
+        "project_world": args.project_world,
         "projected_model_state": (state - shrink) / GIB,
         "projected_peak_allocated": (peak_alloc - shrink) / GIB,
         "projected_peak_reserved": (peak_reserved - shrink) / GIB,
@@ -369,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     env = init_distributed()
     timings["init_distributed_s"] = time.perf_counter() - started
-    _setup_logging(env)
+    setup_logging(env)
     name = _name(args, cfg, env)
     try:
         record = run(args, cfg, env, timings)
@@ -387,10 +508,11 @@ def main(argv: list[str] | None = None) -> int:
         path = write(record, args.out, name)
         if record["status"] == "ok":
             mem = record["memory_gib"] or {}
+            mfu = record["perf/mfu_pct"]
             log.info("%s: %.0f tokens/s/GPU, MFU %s, step %.3f s (median %.3f), memory %s, "
-                     "first step after %.1f s -> %s", name, record["tokens_per_s_per_gpu"],
-                     "n/a" if record["mfu_pct"] is None else f"{record['mfu_pct']:.1f}%",
-                     record["step_time_s"]["mean"], record["step_time_s"]["median"],
+                     "first step after %.1f s -> %s", name, record["perf/tokens_per_s_per_gpu"],
+                     "n/a" if mfu is None else f"{mfu:.1f}%",
+                     record["perf/step_time_s"], record["step_time_s"]["median"],
                      json.dumps({k: round(v, 2) for k, v in mem.items()}),
                      record["time_to_first_step_s"], path)
         else:

@@ -13,6 +13,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import string
 import textwrap
 import typing
 from collections.abc import Mapping
@@ -25,10 +26,11 @@ SHIPPED_DATASET = str(Path(__file__).resolve().parent / "data" / "instructions.j
 
 Sharding = Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"]
 ActivationCheckpointing = Literal["none", "full", "selective"]
-ComputeDtype = Literal["auto", "bf16", "fp32"]
+Precision = Literal["auto", "fp32", "bf16", "fp8"]
 ExportDtype = Literal["bf16", "fp32"]
 SdpaBackend = Literal["auto", "cudnn", "flash", "efficient"]
 LossImpl = Literal["fused", "plain"]
+DataFormat = Literal["auto", "alpaca", "text", "prompt-completion", "chat", "fields"]
 
 
 def flag(name: str) -> str:
@@ -73,18 +75,16 @@ class ModelConfig(_Section):
     """Download cache for Hugging Face models and datasets, ideally node-local NVMe; one process
     per node downloads while the others wait. Unset: $HF_HOME or ~/.cache/huggingface."""
 
-    dtype: ComputeDtype = "auto"
-    """Parameter dtype in forward and backward. auto = bf16 on CUDA, fp32 on CPU (gloo tests).
-    Master weights, gradient reductions and optimizer states are always fp32."""
+    precision: Precision = "auto"
+    """Compute precision: auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, or fp8 (bf16 plus
+    torchao float8 matmuls in the decoder blocks' linears, tensorwise dynamic scaling; the output
+    head stays bf16; about a third more tokens/s on H100/H200; needs torchao and a GPU with float8
+    units: not the A100). Master weights, gradient reductions and optimizer states are always
+    fp32."""
 
     sdpa_backend: SdpaBackend = "auto"
     """First choice of attention kernel on CUDA (the others stay as fallbacks): auto (torch's
     order: flash attention 2 first), cudnn (cuDNN's fused attention), flash, efficient."""
-
-    fp8: bool = False
-    """torchao float8 linears (dynamic tensorwise scaling) in the decoder blocks; the output head
-    stays bf16. Master weights, reductions and optimizer states stay fp32. Needs torchao and an
-    H100/H200-class GPU."""
 
     loss: LossImpl = "fused"
     """Output head + cross-entropy: fused (chunked, never materialises the full fp32 logits;
@@ -98,28 +98,101 @@ class ModelConfig(_Section):
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig(_Section):
-    """Data: dataset, prompt template, packing."""
+    """Data: dataset, record format, validation split, packing."""
 
     dataset: str = SHIPPED_DATASET
-    """Hugging Face dataset name, or a local .json/.jsonl/.parquet file with either
-    instruction/input/output fields (alpaca template) or a text field. Default: the small
-    instruction set shipped in training/data/."""
+    """Hugging Face dataset name, a local dataset directory laid out like one (e.g.
+    train-*.parquet, validation-*.parquet), or a local .json/.jsonl/.parquet file. Default: the
+    small instruction set shipped in training/data/."""
 
     dataset_split: str = "train"
-    """Split to train on when --dataset is a Hugging Face dataset name."""
+    """Split to train on when --dataset is a Hugging Face dataset or a dataset directory."""
+
+    data_format: DataFormat = "auto"
+    """How a record becomes a prompt and a response: auto (detected from the first record:
+    messages -> chat, instruction/output -> alpaca, prompt/completion -> prompt-completion,
+    text -> text), alpaca, text (trained on whole), prompt-completion, chat (messages: a list of
+    {role, content}, rendered with the tokenizer's chat template, loss on assistant turns only)
+    or fields (--prompt-field, --response-field, --prompt-template). Giving --prompt-field or
+    --response-field with auto means fields."""
+
+    prompt_field: str | None = None
+    """fields format: the record field holding the prompt (e.g. dialogue)."""
+
+    response_field: str | None = None
+    """fields format: the record field holding the response trained on (e.g. summary)."""
+
+    prompt_template: str | None = None
+    """fields format: a Python format string over the record's fields that must name
+    {<prompt-field>}, e.g. 'Summarize this dialog:\\n{dialogue}\\n---\\nSummary:\\n'. Unset: the
+    prompt field's text alone."""
+
+    val_fraction: float = 0.05
+    """Fraction of the records held out for validation when the dataset has no validation or
+    test split, chosen by a hash of each record's content (the same records at every world
+    size and --seed); 0 turns evaluation off."""
 
     seq_len: int = 4096
-    """Tokens per packed training sequence."""
+    """Tokens per packed training sequence; longer examples are cut to it."""
 
     mask_prompt: bool = True
-    """Compute the loss on responses only (prompt tokens get no loss); --no-mask-prompt trains
-    on every token."""
+    """Compute the loss on responses only (prompt tokens, and every non-assistant turn of a
+    chat, get no loss); --no-mask-prompt trains on every token."""
+
+    def __post_init__(self) -> None:
+        if self.data_format == "auto" and (self.prompt_field or self.response_field):
+            object.__setattr__(self, "data_format", "fields")  # the fields imply the format
 
     def problems(self) -> list[Problem]:
+        named = [(n, getattr(self, n)) for n in ("prompt_field", "response_field",
+                                                 "prompt_template")]
+        given = [n for n, v in named if v is not None]
+        fields = self.data_format == "fields"
         return _failing(
             (bool(self.dataset.strip()), "dataset", "must name a dataset or a file"),
             (self.seq_len >= 8, "seq_len", f"must be at least 8, got {self.seq_len}"),
+            (0 <= self.val_fraction < 0.5, "val_fraction",
+             f"must be in [0, 0.5) (0 turns evaluation off), got {self.val_fraction}"),
+            (fields or not given, given[0] if given else "",
+             f"only applies with --data-format fields (got --data-format {self.data_format})"),
+            (not fields or (self.prompt_field is not None and self.response_field is not None),
+             "response_field" if self.prompt_field is not None else "prompt_field",
+             "--data-format fields needs both --prompt-field and --response-field"),
+            *((value is None or bool(value.strip()), name, "must name a record field")
+              for name, value in named[:2]),
+            (self.prompt_field is None or self.prompt_field != self.response_field,
+             "response_field", f"must differ from --prompt-field ({self.prompt_field})"),
+            *self._template_checks(),
         )
+
+    def _template_checks(self) -> list[tuple[bool, str, str]]:
+        if self.prompt_template is None or not self.prompt_field:
+            return []
+        try:
+            names = template_fields(self.prompt_template)
+        except ValueError as e:
+            return [(False, "prompt_template", f"is not a Python format string: {e}")]
+        return [
+            (all(names), "prompt_template",
+             "name record fields in braces, e.g. {dialogue}; '{}' and '{0}' name none"),
+            (self.prompt_field in names, "prompt_template",
+             f"must name the prompt field as {{{self.prompt_field}}}; it names "
+             f"{', '.join('{' + n + '}' for n in names if n) or 'no field'}"),
+        ]
+
+
+def template_fields(template: str) -> list[str]:
+    """The record fields a --prompt-template names, in order ('' for a positional field such as
+    '{}' or '{0}'); ``{a.b}`` and ``{a[0]}`` name ``a``. Raises ValueError if it is not a valid
+    format string (e.g. a single '{')."""
+    names = []
+    for _, name, spec, _ in string.Formatter().parse(template):
+        if name is not None:
+            base = name.split(".", 1)[0].split("[", 1)[0]
+            names.append("" if base.isdigit() else base)
+            if spec and "{" in spec:
+                names += template_fields(spec)
+    return names
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +218,11 @@ class TrainConfig(_Section):
     log_every: int = 1
     """Log a line with loss and tokens/s every this many steps (rank 0)."""
 
+    eval_every: int = 0
+    """Evaluate on the validation set every this many optimizer steps; 0 = at the end of every
+    epoch. Always also after the last step. Mean token loss over the whole validation set (all
+    ranks, no dropout) and its perplexity."""
+
     def problems(self) -> list[Problem]:
         return _failing(
             (self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}"),
@@ -154,6 +232,8 @@ class TrainConfig(_Section):
             (self.grad_accum >= 1, "grad_accum", f"must be >= 1, got {self.grad_accum}"),
             (self.seed >= 0, "seed", f"must be >= 0, got {self.seed}"),
             (self.log_every >= 1, "log_every", f"must be >= 1, got {self.log_every}"),
+            (self.eval_every >= 0, "eval_every",
+             f"must be >= 0 (0 = every epoch), got {self.eval_every}"),
         )
 
 
@@ -209,8 +289,15 @@ class ParallelConfig(_Section):
     compile: bool = False
     """torch.compile each decoder layer (needs a C++ compiler on CPU; worth it on GPU)."""
 
+    collective_timeout_s: int = 600
+    """Seconds a collective may wait for the other ranks before this process fails (so a hung
+    or stopped rank becomes a restart, not a hang); on GPU also the NCCL heartbeat timeout the
+    stack sets. Long waits that are expected (downloads) use their own 3-hour group."""
+
     def problems(self) -> list[Problem]:
         return _failing(
+            (self.collective_timeout_s >= 1, "collective_timeout_s",
+             f"must be >= 1 second, got {self.collective_timeout_s}"),
             (self.hsdp_shard_size >= 0, "hsdp_shard_size",
              f"must be >= 0, got {self.hsdp_shard_size}"),
             (self.hsdp_shard_size == 0 or self.sharding == "HYBRID_SHARD", "hsdp_shard_size",
@@ -238,6 +325,17 @@ class CheckpointConfig(_Section):
 
     export_dtype: ExportDtype = "bf16"
     """dtype of the exported weights."""
+
+    keep_best: bool = False
+    """Export the checkpoint with the lowest validation loss instead of the last one: every
+    evaluation then also saves a checkpoint, and pruning keeps the best. Needs --checkpoint-dir
+    (the stack always sets one) and a validation set."""
+
+    async_checkpoint: bool = True
+    """Write checkpoints in the background (DCP async_save): the step waits only while the
+    state is copied to host memory (a copy of this rank's parameters and AdamW states); the
+    checkpoint becomes COMPLETE once every rank's files are written and checksummed.
+    --no-async-checkpoint writes them while training waits."""
 
     def problems(self) -> list[Problem]:
         return _failing(
@@ -281,6 +379,10 @@ class JobConfig:
 
     def __post_init__(self) -> None:
         problems = [p for name in SECTIONS for p in getattr(self, name).problems()]
+        problems += _failing(
+            (not self.checkpoint.keep_best or self.data.val_fraction > 0, "keep_best",
+             "needs a validation set: --val-fraction > 0 (0 turns evaluation off)"),
+        )
         if problems:
             raise ConfigError(problems)
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import resource
 import socket
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -52,6 +55,50 @@ class DistEnv:
         return self.rank - self.local_rank
 
 
+EFA_DEVICES = Path("/dev/infiniband")
+"""Where the EFA device plugin puts the ``uverbs`` devices of the EFA interfaces a pod requested
+(``vpc.amazonaws.com/efa``): their presence means libfabric will use EFA."""
+RLIM_INFINITY = resource.RLIM_INFINITY
+
+
+def _unit(limit: int) -> str:
+    return "unlimited" if limit == RLIM_INFINITY else f"{limit // 1024} KiB"
+
+
+def locked_memory_problem(soft_limit: int, efa: bool, mem_total_bytes: int) -> str | None:
+    """Why EFA cannot run with this locked-memory limit, or None.
+
+    libfabric's EFA provider registers (pins) its buffers: with a small RLIMIT_MEMLOCK it fails
+    with "Libfabric error: (-12) Cannot allocate memory" (awslabs/awsome-distributed-training#647),
+    and a non-root worker cannot raise the limit itself. Enough: unlimited, or at least the
+    node's memory (the GPU nodes set 1 EB, components/gpu_nodes.py: nothing can lock more).
+    """
+    if not efa or soft_limit == RLIM_INFINITY or soft_limit >= mem_total_bytes:
+        return None
+    return (f"EFA devices are attached but the locked-memory limit (ulimit -l) is {_unit(soft_limit)}: "
+            "libfabric's EFA provider cannot register its buffers and NCCL would fail with "
+            "'Cannot allocate memory'. Set RLIMIT_MEMLOCK to unlimited for the containers on the "
+            "GPU nodes: containerd's base runtime spec (NodeConfig spec.containerd.baseRuntimeSpec."
+            "process.rlimits, components/gpu_nodes.py), or run without EFA (job.efaPerNode: 0).")
+
+
+def _mem_total_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def check_locked_memory(devices: Path = EFA_DEVICES) -> str | None:
+    """Log ``ulimit -l`` (one line per node) and return the problem EFA would hit, if any."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    efa = devices.is_dir() and any(devices.glob("uverbs*"))
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"[{socket.gethostname()}] ulimit -l: {_unit(soft)}; EFA devices: {'yes' if efa else 'no'}",
+              file=sys.stderr, flush=True)
+    return locked_memory_problem(soft, efa, _mem_total_bytes())
+
+
 def free_port() -> int:
     """A TCP port on the loopback interface that is free now."""
     with socket.socket() as s:
@@ -59,8 +106,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed() -> DistEnv:
-    """Join the job's process group: NCCL on CUDA (plus gloo for CPU tensors), gloo on CPU."""
+def init_distributed(timeout_s: float | None = None) -> DistEnv:
+    """Join the job's process group: NCCL on CUDA (plus gloo for CPU tensors), gloo on CPU.
+
+    ``timeout_s`` (``--collective-timeout-s``) bounds every collective of the default group:
+    a rank that stops answering (a hung GPU, a SIGSTOPped or lost peer) makes the others raise
+    after it, so the worker exits and torchrun restarts the group. gloo enforces it itself; on
+    NCCL the watchdog enforces it, and tears the process down with
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` (the PyTorchJob sets it, and sets
+    ``TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`` to the same value: components/training_job.py).
+    None: torch's defaults (10 min NCCL, 30 min gloo).
+    """
     if "RANK" not in os.environ:  # plain `python -m training.finetune`: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
@@ -69,14 +125,15 @@ def init_distributed() -> DistEnv:
             and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0):
         logging.getLogger(__name__).warning(SHARED_STORE_WARNING)
     local_rank = int(os.environ["LOCAL_RANK"])
+    timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=device)
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl", device_id=device, timeout=timeout)
     else:
         device = torch.device("cpu")
-        dist.init_process_group(backend="gloo")
+        dist.init_process_group(backend="gloo", timeout=timeout)
     slow = dist.new_group(backend="gloo", timeout=SLOW_COLLECTIVE_TIMEOUT)
     return DistEnv(rank=rank, world_size=world, local_rank=local_rank,
                    local_world_size=local_world, device=device, slow_group=slow)

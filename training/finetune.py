@@ -1,12 +1,14 @@
 """Fine-tune a Llama-family model with FSDP2: `torchrun ... -m training.finetune --help`.
 
-Setup is a list of `_build_*` steps; `train_step` is the whole optimization step; `run` is the
-loop: resume, step, log, checkpoint, export. Test hooks are environment variables named
-FSDP_EKS_TEST_* (see `checkpoint.TEST_KILL_IN_SAVE_ENV` and `TEST_STEP_DELAY_ENV`).
+Setup is a list of `build_*` steps (the public ones serve `training.bench` too); `train_step` is
+the whole optimization step; `run` is the job as a list of steps: build, resume, the loop
+(`_train`: step, log, evaluate, checkpoint), export, summary. Test hooks are environment
+variables named FSDP_EKS_TEST_* (see `checkpoint.TEST_KILL_IN_SAVE_ENV` and `TEST_STEP_DELAY_ENV`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -25,17 +27,19 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from training import hub
-from training.checkpoint import Checkpointer, TrainerState
-from training.config import JobConfig, OptimConfig, parse_args
-from training.dataset import IGNORE_INDEX, PackedData, StepSampler, load_records, pack
-from training.dist import DistEnv, all_sum, init_distributed
+from training.checkpoint import EVAL_LOSS_KEY, Checkpointer, TrainerState
+from training.config import JobConfig, OptimConfig, flag, parse_args
+from training.dataset import (IGNORE_INDEX, PackedData, Records, StepSampler, eval_rows,
+                              pack_records, prepare)
+from training.dist import DistEnv, all_sum, check_locked_memory, init_distributed
 from training.errors import OOM_ADVICE, UserError
 from training.export import export_hf
 from training.loss import install_loss_forward
-from training.metrics import (JsonLines, device_name, dtype_name, model_flops, peak_flops,
-                              step_metrics, summarize)
+from training.metrics import (JsonLines, device_name, dtype_name, eval_metrics, eval_summary,
+                              model_flops, peak_flops, step_metrics, summarize)
 from training.model import allocate, build_meta_model, load_weights, set_sdpa_backend
-from training.parallel import DTYPES, build_mesh, compute_dtype, parallelize
+from training.parallel import (DTYPES, build_mesh, compute_dtype, float8_post_step, parallelize,
+                              set_requires_gradient_sync)
 from training.prometheus import NoMetrics, TrainingMetrics
 
 log = logging.getLogger("training")
@@ -48,7 +52,9 @@ that was stopped; no final checkpoint or export."""
 
 
 # ----------------------------------------------------------------------------- setup steps
-def _setup_logging(env: DistEnv) -> None:
+def setup_logging(env: DistEnv) -> None:
+    """One rank-0 logger: INFO lines from rank 0, warnings from every rank, each line tagged
+    with its rank and written above the progress bar."""
     from tqdm import tqdm
 
     class TqdmHandler(logging.StreamHandler):
@@ -68,39 +74,90 @@ def _setup_logging(env: DistEnv) -> None:
     transformers.utils.logging.disable_progress_bar()  # our own log lines say what loads
 
 
-def _build_data(cfg: JobConfig, tokenizer, env: DistEnv) -> tuple[PackedData, StepSampler]:
-    loaded: dict[str, list] = {}
+def _check_paths(cfg: JobConfig) -> None:
+    """Refuse output paths that cannot be used, before any data is read or model built: an
+    existing file (or a file among the parents) where a directory must go, a directory where
+    the metrics file must go, and --keep-best without checkpoints to choose from."""
+    c = cfg.checkpoint
+    for name, value in (("checkpoint_dir", c.checkpoint_dir), ("output_dir", c.output_dir)):
+        if value is None:
+            continue
+        path = Path(value).expanduser()
+        blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            what = "" if blocking == path else f": {blocking} is a file"
+            raise UserError(f"{flag(name)} {value}: exists and is not a directory{what}; give "
+                            "a directory path (it is created if missing)")
+    metrics = cfg.metrics.metrics_file
+    if metrics is not None and Path(metrics).expanduser().is_dir():
+        raise UserError(f"--metrics-file {metrics}: is a directory; give a file path")
+    if c.keep_best and c.checkpoint_dir is None:
+        raise UserError("--keep-best: needs --checkpoint-dir (the best checkpoint is kept there "
+                        "and exported at the end)")
+
+
+def _build_records(cfg: JobConfig, env: DistEnv) -> Records:
+    """Load, split and check every record, before the model is fetched: a bad record or file
+    fails the run in seconds, with the same message on every rank."""
+    loaded: dict[str, Records] = {}
 
     def load() -> str:
-        loaded["records"] = load_records(cfg.data, cfg.model.cache_dir)
+        loaded["records"] = prepare(cfg.data, cfg.model.cache_dir)
         return ""
 
     hub.on_node_leader_first(env, load)  # one process per node fills the datasets cache first
-    records = loaded["records"] if env.is_local_main else load_records(cfg.data,
-                                                                         cfg.model.cache_dir)
-    data = pack(records, tokenizer, cfg.data.seq_len, cfg.data.mask_prompt)
+    records = loaded.get("records") or prepare(cfg.data, cfg.model.cache_dir)
+    log.info("data: %s format, %d training and %d validation records (validation: %s)",
+             records.fmt, len(records.train), len(records.val), records.val_source)
+    return records
+
+
+def _build_data(cfg: JobConfig, records: Records, tokenizer,
+                env: DistEnv) -> tuple[PackedData, PackedData | None, StepSampler]:
+    """Tokenize and pack the training and validation examples; the order of the training
+    rows."""
+    chat = records.fmt == "chat"
+    data = pack_records(records.train, tokenizer, cfg.data, chat)
+    if not len(data):
+        raise UserError(f"--dataset: no training example keeps a trained token within --seq-len "
+                        f"{cfg.data.seq_len} ({json.dumps(data.stats)}); raise --seq-len")
+    log.info("training data: %s", json.dumps(data.stats))
+    if data.stats["examples_truncated"]:
+        log.warning("%d of %d training examples are longer than --seq-len %d and lose their "
+                    "end (%d tokens)", data.stats["examples_truncated"], data.stats["examples"],
+                    cfg.data.seq_len, data.stats["tokens_cropped"])
+    val = pack_records(records.val, tokenizer, cfg.data, chat) if records.val else None
+    if val is not None:
+        log.info("validation data: %s", json.dumps(val.stats))
+    if val is not None and not len(val):
+        log.warning("no validation example keeps a trained token within --seq-len: no "
+                    "evaluation")
+        val = None
     sampler = StepSampler(len(data), env.world_size, env.rank, cfg.train.batch_size,
                           cfg.train.grad_accum, cfg.train.seed)
-    log.info("data: %s", json.dumps(data.stats))
-    return data, sampler
+    return data, val, sampler
 
 
-def _parallelize(cfg: JobConfig, model: nn.Module, env: DistEnv) -> tuple[DeviceMesh, dict]:
-    """A meta-device model -> attention backend, loss forward, AC, compile, fully_shard ->
-    storage for this rank's shards (uninitialised)."""
+def parallelize_model(cfg: JobConfig, model: nn.Module, env: DistEnv,
+                      fsdp_at_world_1: bool = False) -> tuple[DeviceMesh, dict]:
+    """A meta-device model -> attention backend, loss forward, AC, compile, fully_shard (local
+    mixed precision at world size 1) -> storage for this rank's shards (uninitialised)."""
     set_sdpa_backend(cfg.model.sdpa_backend, env.device)
     install_loss_forward(model, fused=cfg.model.loss == "fused")
     mesh = build_mesh(cfg.parallel, env)
     wrapped = parallelize(model, cfg.parallel, mesh,
-                          compute_dtype(cfg.model.dtype, env.device), fp8=cfg.model.fp8)
+                          compute_dtype(cfg.model.precision, env.device),
+                          fp8=cfg.model.precision == "fp8",
+                          fsdp_at_world_1=fsdp_at_world_1)
     allocate(model, env.device)
     return mesh, wrapped
 
 
-def _build_model(cfg: JobConfig, model_dir: Path, env: DistEnv) -> nn.Module:
-    """Meta-device model -> AC, compile, fully_shard -> allocate shards -> load weights."""
+def build_model(cfg: JobConfig, model_dir: Path, env: DistEnv) -> nn.Module:
+    """The model of `model_dir`, ready to train: meta-device model -> `parallelize_model` ->
+    load weights."""
     model = build_meta_model(model_dir)
-    mesh, wrapped = _parallelize(cfg, model, env)
+    mesh, wrapped = parallelize_model(cfg, model, env)
     started = time.perf_counter()
     read = all_sum(load_weights(model, model_dir), env.device)
     log.info("model: %s, mesh %s, wrapped %s; loaded %.1f MB of weights across ranks in %.1f s",
@@ -110,15 +167,20 @@ def _build_model(cfg: JobConfig, model_dir: Path, env: DistEnv) -> nn.Module:
     return model
 
 
-def _build_optimizer(model: nn.Module, cfg: OptimConfig,
-                     device: torch.device) -> torch.optim.Optimizer:
-    """AdamW (fused on CUDA); weight decay on matrices only."""
+def build_optimizer(model: nn.Module, cfg: OptimConfig,
+                    device: torch.device) -> torch.optim.Optimizer:
+    """AdamW (fused on CUDA); weight decay on matrices only; float8 all-gathers' scales are
+    computed after each step."""
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(0.9, 0.95), eps=1e-8,
-                             fused=device.type == "cuda")
+    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(0.9, 0.95), eps=1e-8,
+                                  fused=device.type == "cuda")
+    post_step = float8_post_step(model)
+    if post_step is not None:
+        optimizer.register_step_post_hook(post_step)
+    return optimizer
 
 
 class WarmupCosine:
@@ -135,10 +197,17 @@ class WarmupCosine:
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig,
+                    total: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The learning-rate schedule: `WarmupCosine` ending at step `total`."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, WarmupCosine(cfg.warmup_steps, total, cfg.min_lr_ratio))
+
+
 # ----------------------------------------------------------------------------- the step
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
                scheduler: torch.optim.lr_scheduler.LRScheduler,
-               micro_batches: list[tuple[torch.Tensor, torch.Tensor]], max_grad_norm: float,
+               micro_batches: list[tuple[torch.Tensor, ...]], max_grad_norm: float,
                env: DistEnv) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step over gradient-accumulation micro-batches; returns (loss, grad norm)
     as 0-d device tensors.
@@ -149,14 +218,14 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     token count is summed on the device and the results stay tensors, so the host can queue
     the next step while this one runs (`float()` on a result waits for it).
     """
-    targets = torch.stack([(y != IGNORE_INDEX).sum() for _, y in micro_batches]).sum()
+    targets = torch.stack([(batch[1] != IGNORE_INDEX).sum() for batch in micro_batches]).sum()
     targets = targets.to(torch.float64)
     counted = dist.all_reduce(targets, async_op=True)  # waited for after the first forward
     scale = None
     loss_sum = torch.zeros((), device=env.device)
-    for i, (inputs, labels) in enumerate(micro_batches):
-        model.set_requires_gradient_sync(i == len(micro_batches) - 1)
-        loss = model(inputs, labels)  # summed token loss (training/loss.py)
+    for i, batch in enumerate(micro_batches):  # (inputs, labels, position ids)
+        set_requires_gradient_sync(model, i == len(micro_batches) - 1)
+        loss = model(*batch)  # summed token loss (training/loss.py)
         if scale is None:
             counted.wait()  # the compute stream waits; the host does not
             targets = targets.clamp(min=1.0)
@@ -173,25 +242,193 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     return (loss_sum / targets).float(), grad_norm
 
 
+def evaluate(model: nn.Module, val: PackedData, batch_size: int, env: DistEnv) -> tuple[float,
+                                                                                      int]:
+    """(mean token loss, target tokens) over the whole validation set: every rank takes every
+    world-th row, sums its token losses and counts, and one all-reduce adds them up, so the
+    result does not depend on the world size. Eval mode (no dropout), no gradients."""
+    model.eval()
+    sums = torch.zeros(2, dtype=torch.float64, device=env.device)
+    with torch.no_grad():
+        for rows in eval_rows(len(val), env.world_size, env.rank, batch_size):
+            index = torch.tensor(rows).clamp(min=0)
+            labels = val.targets[index].masked_fill(torch.tensor(rows)[:, None] < 0, IGNORE_INDEX)
+            batch = (val.inputs[index], labels, val.positions[index])
+            sums[0] += model(*(t.to(env.device) for t in batch)).double()
+            sums[1] += (labels != IGNORE_INDEX).sum().item()
+    dist.all_reduce(sums)
+    model.train()
+    return float(sums[0] / sums[1].clamp(min=1)), int(sums[1])
+
+
+# ----------------------------------------------------------------------------- resume
+def _build_checkpointer(cfg: JobConfig, env: DistEnv) -> Checkpointer | None:
+    c = cfg.checkpoint
+    if not c.checkpoint_dir:
+        log.warning("no --checkpoint-dir: a failure loses all progress of this run")
+        return None
+    return Checkpointer(c.checkpoint_dir, c.keep_checkpoints, env, async_save=c.async_checkpoint,
+                        timeout_s=cfg.parallel.collective_timeout_s, keep_best=c.keep_best)
+
+
+def _resume(ckpt: Checkpointer | None, model: nn.Module, optimizer: torch.optim.Optimizer,
+            state: TrainerState) -> None:
+    """Load the latest complete checkpoint, if there is one."""
+    latest = ckpt.resume(model, optimizer, state) if ckpt else None
+    if latest is not None:
+        log.info("resumed from %s (step %d, epoch %d)", latest, state.step, state.epoch)
+
+
+def _set_horizon(cfg: JobConfig, sampler: StepSampler, state: TrainerState,
+                 scheduler: torch.optim.lr_scheduler.LambdaLR) -> int:
+    """The last step (--epochs, capped by --max-steps), and the schedule's horizon set to it:
+    after the resume, since a new --max-steps or world size moves it."""
+    total = state.step + sampler.remaining_steps(state.epoch, state.offset, cfg.train.epochs)
+    if cfg.train.max_steps is not None:
+        total = min(total, cfg.train.max_steps)
+    schedule = scheduler.lr_lambdas[0]
+    schedule.total = total
+    for group, base_lr in zip(scheduler.optimizer.param_groups, scheduler.base_lrs):
+        group["lr"] = base_lr * schedule(scheduler.last_epoch)
+    return total
+
+
 # ----------------------------------------------------------------------------- the loop
 @dataclass
 class _Run:
-    """What the loop needs besides the model (keeps `run` readable)."""
+    """What the loop works on (keeps `run` readable)."""
 
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    ckpt: Checkpointer | None
     data: PackedData
+    val: PackedData | None
     sampler: StepSampler
     state: TrainerState
+    total: int
+    """The last step."""
+    evals: list[dict] = dataclasses.field(default_factory=list)
+    """This process's evaluation records, in order."""
 
 
-def _micro_batches(run: _Run, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+class _Outputs:
+    """Where the metrics go: the JSON-lines file (rank 0), Prometheus (one process per node),
+    the progress bar and the log (rank 0). Closed by `stack`."""
+
+    def __init__(self, cfg: JobConfig, env: DistEnv, stack: ExitStack, first: int, total: int):
+        from tqdm import tqdm
+
+        self.jsonl = JsonLines(cfg.metrics.metrics_file if env.is_main else None)
+        stack.callback(self.jsonl.close)
+        self.prom = (TrainingMetrics(cfg.metrics.metrics_port)
+                     if cfg.metrics.metrics_port and env.is_local_main else NoMetrics())
+        stack.callback(self.prom.close)
+        self.bar = tqdm(total=total, initial=first, unit="step", dynamic_ncols=True,
+                        file=sys.stderr, disable=not (env.is_main and sys.stderr.isatty()))
+        stack.callback(self.bar.close)
+        self.total, self.log_every = total, cfg.train.log_every
+
+    def step(self, m: dict) -> None:
+        self.jsonl.write(m)
+        self.prom.observe_step(m)
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{m['train/loss']:.4f}", tok_s=f"{m['perf/tokens_per_s']:,.0f}")
+        if m["train/step"] % self.log_every == 0 or m["train/step"] == self.total:
+            log.info(_format(m, self.total))
+
+    def eval(self, e: dict) -> None:
+        self.jsonl.write(e)
+        self.prom.observe_eval(e)
+
+
+def _micro_batches(run: _Run, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
     indices, run.state.epoch, run.state.offset = run.sampler.next_step(run.state.epoch,
                                                                        run.state.offset)
-    return [(run.data.inputs[i].to(device, non_blocking=True),
-             run.data.targets[i].to(device, non_blocking=True)) for i in indices]
+    return [tuple(t[i].to(device, non_blocking=True)
+                  for t in (run.data.inputs, run.data.targets, run.data.positions))
+            for i in indices]
 
 
-def _describe(cfg: JobConfig, env: DistEnv, model: nn.Module) -> dict:
-    """What docs/design.md#measuring-speed asks to report beside every speed number."""
+def _step(cfg: JobConfig, run: _Run, step: int, flops_token: float, peak: float | None,
+          env: DistEnv) -> dict:
+    """Optimizer step `step`, timed; its metrics."""
+    if run.ckpt:
+        run.ckpt.poll()  # completes a background save once every rank has written it
+    started = time.perf_counter()
+    lr = run.optimizer.param_groups[0]["lr"]
+    loss, grad_norm = (float(t) for t in train_step(
+        run.model, run.optimizer, run.scheduler, _micro_batches(run, env.device),
+        cfg.optim.max_grad_norm, env))
+    elapsed = time.perf_counter() - started
+    tokens = run.sampler.global_batch * cfg.data.seq_len
+    run.state.step, run.state.tokens_seen = step, run.state.tokens_seen + tokens
+    return step_metrics(step=step, epoch=run.state.epoch, loss=loss, lr=lr, grad_norm=grad_norm,
+                        tokens=tokens, step_time_s=elapsed, world_size=env.world_size,
+                        flops_token=flops_token, peak=peak, device=env.device)
+
+
+def _eval_due(cfg: JobConfig, run: _Run, step: int) -> bool:
+    """After the last step, and every --eval-every steps (0: at the end of every epoch)."""
+    every = cfg.train.eval_every
+    return run.val is not None and (step == run.total or (
+        step % every == 0 if every else run.sampler.epoch_done(run.state.offset)))
+
+
+def _evaluate(cfg: JobConfig, run: _Run, env: DistEnv) -> dict:
+    started = time.perf_counter()
+    loss, tokens = evaluate(run.model, run.val, cfg.train.batch_size, env)
+    m = eval_metrics(step=run.state.step, epoch=run.state.epoch, loss=loss, tokens=tokens,
+                     eval_time_s=time.perf_counter() - started)
+    run.evals.append(m)
+    log.info("eval at step %d | loss %.4f | perplexity %.3f | %d tokens | %.1f s",
+             run.state.step, loss, m["eval/perplexity"], tokens, m["eval/time_s"])
+    return m
+
+
+def _checkpoint_due(cfg: JobConfig, run: _Run, step: int, evaluated: bool) -> bool:
+    """Every --checkpoint-every steps, after the last step, and with --keep-best after every
+    evaluation."""
+    every = cfg.checkpoint.checkpoint_every
+    return run.ckpt is not None and ((every and step % every == 0) or step == run.total
+                                     or (evaluated and cfg.checkpoint.keep_best))
+
+
+def _save(cfg: JobConfig, run: _Run, step: int, evaluated: bool) -> None:
+    run.ckpt.save(step, run.model, run.optimizer, run.state, {
+        "config": cfg.to_dict(),
+        **({EVAL_LOSS_KEY: run.evals[-1]["eval/loss"]} if evaluated else {})})
+
+
+def _train(cfg: JobConfig, run: _Run, out: _Outputs, flops_token: float,
+           env: DistEnv) -> list[dict] | None:
+    """The loop: step, log, evaluate, checkpoint. Returns the steps' metrics, or None where
+    the test hook TEST_EXIT_AFTER_STEP_ENV stopped the run."""
+    peak = peak_flops(env.device)
+    delay = float(os.environ.get(TEST_STEP_DELAY_ENV, "0"))
+    exit_after = int(os.environ.get(TEST_EXIT_AFTER_STEP_ENV, "0"))
+    history: list[dict] = []
+    for step in range(run.state.step + 1, run.total + 1):
+        history.append(_step(cfg, run, step, flops_token, peak, env))
+        out.step(history[-1])
+        evaluated = _eval_due(cfg, run, step)
+        if evaluated:
+            out.eval(_evaluate(cfg, run, env))
+        if _checkpoint_due(cfg, run, step, evaluated):
+            _save(cfg, run, step, evaluated)
+            out.prom.observe_checkpoint()
+        if delay:
+            time.sleep(delay)
+        if step == exit_after:
+            if run.ckpt:
+                run.ckpt.close()
+            log.warning("test hook %s: stopping after step %d", TEST_EXIT_AFTER_STEP_ENV, step)
+            return None
+    return history
+
+
+def describe(cfg: JobConfig, env: DistEnv, model: nn.Module) -> dict:
+    """What docs/design.md#measuring-speed asks to report beside every speed number (`run/*` keys)."""
     total, embedding, flops_token = model_flops(model, cfg.data.seq_len)
     mcfg = model.config
     global_seqs = env.world_size * cfg.train.batch_size * cfg.train.grad_accum
@@ -203,12 +440,13 @@ def _describe(cfg: JobConfig, env: DistEnv, model: nn.Module) -> dict:
         "run/device": device_name(env.device),
         "run/tokens_per_gpu_batch": cfg.train.batch_size * cfg.data.seq_len,
         "run/tokens_per_global_batch": global_seqs * cfg.data.seq_len,
-        "run/param_dtype": dtype_name(compute_dtype(cfg.model.dtype, env.device)),
+        "run/param_dtype": dtype_name(compute_dtype(cfg.model.precision, env.device)),
         "run/reduce_dtype": "float32", "run/optimizer_state_dtype": "float32",
         "run/sharding": cfg.parallel.sharding,
         "run/activation_checkpointing": cfg.parallel.activation_checkpointing,
         "run/compile": cfg.parallel.compile, "run/sdpa_backend": cfg.model.sdpa_backend,
-        "run/loss": cfg.model.loss, "run/fp8": cfg.model.fp8, "run/flops_per_token": flops_token,
+        "run/loss": cfg.model.loss, "run/precision": cfg.model.precision,
+        "run/flops_per_token": flops_token,
         "run/torch": torch.__version__, "run/transformers": transformers.__version__,
     }
 
@@ -216,99 +454,84 @@ def _describe(cfg: JobConfig, env: DistEnv, model: nn.Module) -> dict:
 def run(cfg: JobConfig, env: DistEnv) -> dict:
     """The whole job; returns the summary dict (rank 0's is complete)."""
     from transformers import AutoTokenizer
-    from tqdm import tqdm
 
+    _check_paths(cfg)
+    records = _build_records(cfg, env)
     model_dir = hub.fetch_model(cfg.model.model, cfg.model.cache_dir, cfg.train.seed, env)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    data, sampler = _build_data(cfg, tokenizer, env)
-    model = _build_model(cfg, model_dir, env)
-    optimizer = _build_optimizer(model, cfg.optim, env.device)
-    schedule = WarmupCosine(cfg.optim.warmup_steps, 1, cfg.optim.min_lr_ratio)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    data, val, sampler = _build_data(cfg, records, tokenizer, env)
+    model = build_model(cfg, model_dir, env)
+    optimizer = build_optimizer(model, cfg.optim, env.device)
+    scheduler = build_scheduler(optimizer, cfg.optim, total=1)  # the horizon is set after resume
     state = TrainerState(scheduler)
     torch.manual_seed(cfg.train.seed)  # identical RNG on every rank from here on
-
-    ckpt = (Checkpointer(cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep_checkpoints, env)
-            if cfg.checkpoint.checkpoint_dir else None)
-    if ckpt is None:
-        log.warning("no --checkpoint-dir: a failure loses all progress of this run")
-    latest = ckpt.latest() if ckpt else None
-    if latest is not None:
-        ckpt.load(latest, model, optimizer, state)
-        log.info("resumed from %s (step %d, epoch %d)", latest, state.step, state.epoch)
-    remaining = sampler.remaining_steps(state.epoch, state.offset, cfg.train.epochs)
-    total = state.step + remaining
-    if cfg.train.max_steps is not None:
-        total = min(total, cfg.train.max_steps)
-    schedule.total = total  # after load: a new --max-steps or world size moves the horizon
-    for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
-        group["lr"] = base_lr * schedule(scheduler.last_epoch)
-    run_ = _Run(data=data, sampler=sampler, state=state)
-
-    description = _describe(cfg, env, model)
-    flops_token = description["run/flops_per_token"]
-    peak = peak_flops(env.device)
-    tokens_per_step = sampler.global_batch * cfg.data.seq_len
-    log.info("plan: steps %d..%d, %s", state.step + 1, total, json.dumps(description))
-
+    ckpt = _build_checkpointer(cfg, env)
+    _resume(ckpt, model, optimizer, state)
+    total = _set_horizon(cfg, sampler, state, scheduler)
+    run_ = _Run(model, optimizer, scheduler, ckpt, data, val, sampler, state, total)
+    description = describe(cfg, env, model)
+    log.info("plan: steps %d..%d, %s", state.step + 1, run_.total, json.dumps(description))
     with ExitStack() as stack:
-        jsonl = JsonLines(cfg.metrics.metrics_file if env.is_main else None)
-        stack.callback(jsonl.close)
-        prom = (TrainingMetrics(cfg.metrics.metrics_port)
-                if cfg.metrics.metrics_port and env.is_local_main else NoMetrics())
-        stack.callback(prom.close)
-        bar = tqdm(total=total, initial=state.step, unit="step", dynamic_ncols=True,
-                   file=sys.stderr, disable=not (env.is_main and sys.stderr.isatty()))
-        stack.callback(bar.close)
-        history: list[dict] = []
-        delay = float(os.environ.get(TEST_STEP_DELAY_ENV, "0"))
-        exit_after = int(os.environ.get(TEST_EXIT_AFTER_STEP_ENV, "0"))
-
-        for step in range(state.step + 1, total + 1):
-            started = time.perf_counter()
-            lr = optimizer.param_groups[0]["lr"]
-            loss, grad_norm = (float(t) for t in train_step(
-                model, optimizer, scheduler, _micro_batches(run_, env.device),
-                cfg.optim.max_grad_norm, env))
-            elapsed = time.perf_counter() - started
-            state.step, state.tokens_seen = step, state.tokens_seen + tokens_per_step
-            m = step_metrics(step=step, epoch=state.epoch, loss=loss, lr=lr,
-                             grad_norm=grad_norm, tokens=tokens_per_step, step_time_s=elapsed,
-                             world_size=env.world_size, flops_token=flops_token, peak=peak,
-                             device=env.device)
-            history.append(m)
-            jsonl.write(m)
-            prom.observe_step(m)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{m['perf/tokens_per_s']:,.0f}")
-            if step % cfg.train.log_every == 0 or step == total:
-                log.info(_format(m, total))
-            every = cfg.checkpoint.checkpoint_every
-            if ckpt and ((every and step % every == 0) or step == total):
-                ckpt.save(step, model, optimizer, state, {"config": cfg.to_dict()})
-                prom.observe_checkpoint()
-            if delay:
-                time.sleep(delay)
-            if step == exit_after:
-                log.warning("test hook %s: stopping after step %d", TEST_EXIT_AFTER_STEP_ENV,
-                            step)
-                return {}
-
-        if cfg.checkpoint.output_dir:
-            export_hf(model, tokenizer, cfg.checkpoint.output_dir,
-                      DTYPES[cfg.checkpoint.export_dtype], env)
-        skip = min(10, max(1, len(history) // 5)) if len(history) > 1 else 0
-        summary = {**summarize(history, skip), **description}
-        jsonl.write(summary)
-        if history:
-            mfu = summary["summary/mfu_pct"]
-            log.info("done: %d steps, final loss %.4f, %s tokens/s (%s per GPU), MFU %s",
-                     summary["summary/steps"], summary["summary/final_loss"],
-                     f"{summary['summary/tokens_per_s']:,.0f}",
-                     f"{summary['summary/tokens_per_s_per_gpu']:,.0f}",
-                     "n/a (no GPU peak)" if mfu is None else f"{mfu:.1f} %")
-        log.info("summary: %s", json.dumps(summary))
+        out = _Outputs(cfg, env, stack, state.step, run_.total)
+        history = _train(cfg, run_, out, description["run/flops_per_token"], env)
+        if history is None:  # stopped by the test hook
+            return {}
+        if ckpt:
+            ckpt.close()  # the last checkpoint is complete before the export and the exit
+        best = _export(cfg, model, tokenizer, ckpt, state.step, env)
+        summary = _summary(history, run_.evals, best, description)
+        out.jsonl.write(summary)
+        _log_summary(summary)
     return summary
+
+
+def _export(cfg: JobConfig, model: nn.Module, tokenizer, ckpt: Checkpointer | None, step: int,
+            env: DistEnv) -> dict:
+    """Write --output-dir: the final weights, or with --keep-best the weights of the checkpoint
+    with the lowest validation loss (its step may come from before a restart). Returns the
+    summary's keys for it."""
+    best = ckpt.best() if ckpt is not None and cfg.checkpoint.keep_best else None
+    keys = ({"summary/best_eval_step": best[0], "summary/best_eval_loss": best[2]} if best
+            else {})
+    if not cfg.checkpoint.output_dir:
+        return keys
+    if best is not None and best[0] != step:
+        problems = ckpt.load_model(best[1], model)
+        if problems:  # the weights in memory are still the last step's
+            log.warning("--keep-best: the best checkpoint %s cannot be used (%s); exporting the "
+                        "last step's weights instead", best[1], "; ".join(problems))
+            keys = {}
+        else:
+            log.info("--keep-best: exporting %s (validation loss %.4f) instead of step %d",
+                     best[1], best[2], step)
+            step = best[0]
+    export_hf(model, tokenizer, cfg.checkpoint.output_dir, DTYPES[cfg.checkpoint.export_dtype],
+              env)
+    return {**keys, "summary/exported_step": step}
+
+
+def _summary(history: list[dict], evals: list[dict], best: dict, description: dict) -> dict:
+    """The run's summary: steady-state speed (the first steps, up to 10, skipped), the last and
+    best evaluation, the export, and the run's description."""
+    skip = min(10, max(1, len(history) // 5)) if len(history) > 1 else 0
+    return {**summarize(history, skip), **eval_summary(evals), **best, **description}
+
+
+def _log_summary(summary: dict) -> None:
+    if "summary/steps" in summary:  # the run made a step
+        mfu = summary["summary/mfu_pct"]
+        log.info("done: %d steps, final loss %.4f, %s tokens/s (%s per GPU), MFU %s",
+                 summary["summary/steps"], summary["summary/final_loss"],
+                 f"{summary['summary/tokens_per_s']:,.0f}",
+                 f"{summary['summary/tokens_per_s_per_gpu']:,.0f}",
+                 "n/a (no GPU peak)" if mfu is None else f"{mfu:.1f} %")
+    if "summary/eval_loss" in summary:
+        log.info("validation: final loss %.4f (perplexity %.3f), best %.4f at step %d%s",
+                 summary["summary/eval_loss"], summary["summary/eval_perplexity"],
+                 summary["summary/best_eval_loss"], summary["summary/best_eval_step"],
+                 f"; exported step {summary['summary/exported_step']}"
+                 if "summary/exported_step" in summary else "")
+    log.info("summary: %s", json.dumps(summary))
 
 
 def _format(m: dict, total: int) -> str:
@@ -346,9 +569,15 @@ def set_runtime_defaults(cfg: JobConfig) -> None:
 @record
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
+    # First, before any download or collective: EFA with too little locked memory fails only
+    # deep inside NCCL's first all-reduce.
+    memlock = check_locked_memory()
+    if memlock is not None:
+        print(f"error: {memlock}", file=sys.stderr)
+        return 1
     set_runtime_defaults(cfg)
-    env = init_distributed()
-    _setup_logging(env)
+    env = init_distributed(cfg.parallel.collective_timeout_s)
+    setup_logging(env)
     try:
         run(cfg, env)
         return 0

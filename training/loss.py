@@ -79,9 +79,12 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor,
     return _FusedLinearCrossEntropy.apply(h, weight, y, chunk)
 
 
-def _loss_forward(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, *,
-                  fused: bool) -> torch.Tensor:
-    hidden = model.model(input_ids=input_ids, use_cache=False).last_hidden_state
+def _loss_forward(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor,
+                  position_ids: torch.Tensor | None = None, *, fused: bool) -> torch.Tensor:
+    # Position ids that restart per packed document make transformers build a block-diagonal
+    # causal mask (training/dataset.py's docstring); no cache, so none is built.
+    hidden = model.model(input_ids=input_ids, position_ids=position_ids,
+                         use_cache=False).last_hidden_state
     head = model.get_output_embeddings()
     if fused:
         return fused_linear_cross_entropy(hidden, head.weight, labels)
@@ -91,7 +94,7 @@ def _loss_forward(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tenso
 
 
 def install_loss_forward(model: nn.Module, fused: bool) -> None:
-    """Make `model(input_ids, labels)` return the summed token loss (see the module docstring).
+    """Make `model(input_ids, labels[, position_ids])` return the summed token loss (see the module docstring).
 
     An attribute on the instance, so parameter names, state_dict keys and checkpoints are those
     of the Hugging Face model; `nn.Module.__call__` still runs the hooks FSDP2 registers.

@@ -66,6 +66,22 @@ def memory_gib(device: torch.device) -> dict[str, float]:
     return {"memory/max_rss_gib": rss_kib * scale / 2**30}
 
 
+def perf_metrics(*, tokens: int, step_time_s: float, world_size: int, flops_token: float,
+                 peak: float | None) -> dict:
+    """The speed of a step of `step_time_s` seconds in which the whole job processed `tokens`
+    tokens (global batch x sequence length): the fine-tune's per step, the bench's over the
+    mean timed step."""
+    tokens_per_s = tokens / step_time_s
+    per_gpu = tokens_per_s / world_size
+    return {
+        "perf/step_time_s": step_time_s,
+        "perf/tokens_per_s": tokens_per_s,
+        "perf/tokens_per_s_per_gpu": per_gpu,
+        "perf/tflops_per_gpu": per_gpu * flops_token / 1e12,
+        "perf/mfu_pct": mfu_pct(per_gpu, flops_token, peak),
+    }
+
+
 def step_metrics(*, step: int, epoch: int, loss: float, lr: float, grad_norm: float,
                  tokens: int, step_time_s: float, world_size: int, flops_token: float,
                  peak: float | None, device: torch.device) -> dict:
@@ -73,8 +89,6 @@ def step_metrics(*, step: int, epoch: int, loss: float, lr: float, grad_norm: fl
 
     tokens: tokens processed by the whole job in this step (global batch x sequence length).
     """
-    tokens_per_s = tokens / step_time_s
-    per_gpu = tokens_per_s / world_size
     return {
         "train/step": step,
         "train/epoch": epoch,
@@ -82,13 +96,41 @@ def step_metrics(*, step: int, epoch: int, loss: float, lr: float, grad_norm: fl
         "train/lr": lr,
         "train/grad_norm": grad_norm,
         "train/tokens": tokens,
-        "perf/step_time_s": step_time_s,
-        "perf/tokens_per_s": tokens_per_s,
-        "perf/tokens_per_s_per_gpu": per_gpu,
-        "perf/tflops_per_gpu": per_gpu * flops_token / 1e12,
-        "perf/mfu_pct": mfu_pct(per_gpu, flops_token, peak),
+        **perf_metrics(tokens=tokens, step_time_s=step_time_s, world_size=world_size,
+                       flops_token=flops_token, peak=peak),
         **memory_gib(device),
         "time/unix_s": time.time(),
+    }
+
+
+def perplexity(loss: float) -> float:
+    """exp(mean token loss); infinite where exp overflows a float."""
+    return math.exp(loss) if loss < 709 else math.inf
+
+
+def eval_metrics(*, step: int, epoch: int, loss: float, tokens: int, eval_time_s: float) -> dict:
+    """The metrics of one evaluation on the validation set (after optimizer step `step`)."""
+    return {
+        "eval/step": step,
+        "eval/epoch": epoch,
+        "eval/loss": loss,
+        "eval/perplexity": perplexity(loss),
+        "eval/tokens": tokens,
+        "eval/time_s": eval_time_s,
+        "time/unix_s": time.time(),
+    }
+
+
+def eval_summary(evals: list[dict]) -> dict:
+    """The last and the best evaluation of a run; {} without evaluations."""
+    if not evals:
+        return {}
+    best = min(evals, key=lambda m: m["eval/loss"])
+    return {
+        "summary/eval_loss": evals[-1]["eval/loss"],
+        "summary/eval_perplexity": evals[-1]["eval/perplexity"],
+        "summary/best_eval_loss": best["eval/loss"],
+        "summary/best_eval_step": best["eval/step"],
     }
 
 

@@ -1,5 +1,5 @@
 """Parallelism: device mesh, then float8 linears, activation checkpointing, compile and FSDP2,
-in that order.
+in that order; at world size 1, local mixed precision instead of FSDP2.
 
 The four strategies of PyTorch FSDP, mapped onto FSDP2 (`fully_shard`):
 
@@ -15,9 +15,21 @@ The four strategies of PyTorch FSDP, mapped onto FSDP2 (`fully_shard`):
   rather than `replicate`, which lives in the private `torch.distributed._composable`
   namespace; `fully_shard` on a 2-D mesh is public API in every torch version we support
   (2.11 to 2.13), and keeps one code path (and one checkpoint format) for all four strategies.
+
+At world size 1 there is nothing to shard or reduce, but `fully_shard` still pays for it: per
+layer and step a cast into the all-gather buffer, a one-rank all-gather, a copy out into the
+unsharded parameters (twice with FULL_SHARD), and a copy of every gradient through the
+reduce-scatter buffer. `LocalMixedPrecision` keeps the same training semantics (fp32 master
+weights as the module's parameters, every parameter cast to the compute dtype for forward and
+backward, gradients accumulated and handed to the optimizer in fp32) with one cast of each
+parameter per step and one of each gradient. On one H200 it is what brought the 1-GPU step
+level with or ahead of torchtitan's (docs/performance.md, "Beside torchtitan").
 """
 
 from __future__ import annotations
+
+import dataclasses
+import weakref
 
 import torch
 from torch import nn
@@ -33,11 +45,12 @@ from training.model import decoder_layers
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def compute_dtype(setting: str, device: torch.device) -> torch.dtype:
-    """--dtype auto: bf16 on CUDA, fp32 on CPU (gloo tests run in fp32)."""
-    if setting == "auto":
+def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The parameters' dtype in forward and backward: --precision auto is bf16 on CUDA and fp32
+    on CPU (gloo tests run in fp32); fp8 computes in bf16 outside its float8 matmuls."""
+    if precision == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return DTYPES[setting]
+    return DTYPES.get(precision, torch.bfloat16)
 
 
 def build_mesh(cfg: ParallelConfig, env: DistEnv) -> DeviceMesh:
@@ -57,23 +70,42 @@ def build_mesh(cfg: ParallelConfig, env: DistEnv) -> DeviceMesh:
     return init_device_mesh(kind, (world // shard, shard), mesh_dim_names=("replicate", "shard"))
 
 
-def apply_float8(model: nn.Module) -> int:
+def apply_float8(model: nn.Module, fsdp_all_gather: bool = False) -> int:
     """Swap the decoder blocks' nn.Linear for torchao's Float8Linear (tensorwise dynamic
     scaling: each matmul's operands are scaled to float8 by their current absolute maximum).
-    The output head stays in bf16, as torchao and torchtitan recommend. On the meta device,
-    before AC, compile and fully_shard."""
+    The output head (and the embedding) stay in bf16, as torchao and torchtitan recommend: the
+    head's 32k-wide output is where float8's range is least safe and it is 2 % of the matmul
+    work. On the meta device, before AC, compile and fully_shard.
+
+    `fsdp_all_gather` (world size > 1): FSDP all-gathers the float8 weights instead of bf16
+    (half the bytes) with scales computed for all weights at once after each optimizer step
+    (`float8_post_step`), as torchtitan does for tensorwise scaling."""
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
-        raise UserError("--fp8 needs torchao (pip install torchao)") from None
+        raise UserError("--precision fp8 needs torchao (pip install torchao)") from None
+    config = Float8LinearConfig.from_recipe_name("tensorwise")
+    if fsdp_all_gather:
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
     layers = decoder_layers(model)
     converted = 0
     for layer in layers:
-        convert_to_float8_training(layer, config=Float8LinearConfig.from_recipe_name("tensorwise"))
+        convert_to_float8_training(layer, config=config)
         converted += sum(type(m).__name__ == "Float8Linear" for m in layer.modules())
     if converted == 0:
-        raise UserError("--fp8: torchao converted no nn.Linear of this model's decoder layers")
+        raise UserError("--precision fp8: torchao converted no nn.Linear of this model's decoder layers")
     return converted
+
+
+def float8_post_step(model: nn.Module):
+    """The optimizer post-step hook float8 all-gathers need (one all-reduce of every weight's
+    absolute maximum for the next step's scales), or None when the model has none."""
+    if not any(getattr(getattr(m, "config", None), "enable_fsdp_float8_all_gather", False)
+               for m in model.modules() if type(m).__name__ == "Float8Linear"):
+        return None
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    return lambda *_: precompute_float8_dynamic_scale_for_fsdp(model)
 
 
 def apply_activation_checkpointing(layers: nn.ModuleList, mode: str) -> int:
@@ -110,19 +142,103 @@ def apply_fsdp(model: nn.Module, layers: nn.ModuleList, mesh: DeviceMesh,
     return len(layers) + 1
 
 
+class LocalMixedPrecision:
+    """FSDP2's MixedPrecisionPolicy(param_dtype, reduce_dtype=float32) for a model that is not
+    sharded (world size 1), without FSDP's buffers and collectives.
+
+    Between steps the module's parameters are the fp32 master weights (what the optimizer,
+    checkpoints and the export see). A forward pre-hook on the root swaps each parameter's data
+    for a `param_dtype` copy (one cast per parameter, once per step: gradient-accumulation
+    micro-batches reuse it). As each parameter's gradient is accumulated in backward, a hook
+    adds it in fp32 to the step's gradient and, on the micro-batch that syncs
+    (`set_requires_gradient_sync(True)`, as with FSDP), swaps the fp32 master back in and
+    hands it the fp32 gradient, so the low-precision copy is freed as backward proceeds.
+    The arithmetic is FSDP's at world size 1: the same bf16 values in every matmul, the same
+    bf16 gradients cast to fp32, summed in fp32 over micro-batches (tested against the FSDP path
+    in tests/training/test_units.py). Float8 linears keep their fp32 weights: torchao casts
+    them to float8 directly, so a bf16 copy would be one more pass for nothing. Memory: the compute-dtype copy of every parameter
+    lives from the first forward to its gradient (as with SHARD_GRAD_OP), 2 B per parameter.
+    """
+
+    def __init__(self, model: nn.Module, param_dtype: torch.dtype):
+        self.model = weakref.ref(model)
+        self.param_dtype = param_dtype
+        self.params: list[nn.Parameter] = []  # taken at the first forward: `to_empty` replaces
+        self.masters: dict[nn.Parameter, torch.Tensor] = {}  # swapped out: param -> fp32 data
+        self.grads: dict[nn.Parameter, torch.Tensor] = {}  # fp32 sums of unsynced micro-batches
+        self.sync = True
+        model.register_forward_pre_hook(self._swap_in)
+        _LOCAL[model] = self
+
+    @torch.no_grad()
+    def _swap_in(self, *_):
+        if not self.params:  # the meta model's parameters, replaced when it was allocated
+            model = self.model()
+            float8 = {id(p) for m in model.modules() if type(m).__name__ == "Float8Linear"
+                      for p in m.parameters(recurse=False)}
+            # float8 linears cast their fp32 weight to float8 themselves: a bf16 copy first
+            # would only add a pass over it (and one over its gradient)
+            self.params = [p for p in model.parameters()
+                           if p.requires_grad and id(p) not in float8]
+            for p in self.params:
+                p.register_post_accumulate_grad_hook(self._grad_ready)
+        if self.masters:  # a later micro-batch of the same step: the copies are in place
+            return
+        for p in self.params:
+            if p.grad is not None:  # not zeroed since the last step: keep adding to it
+                self.grads[p], p.grad = p.grad, None
+            self.masters[p] = p.data
+            p.data = p.data.to(self.param_dtype)
+
+    @torch.no_grad()
+    def _grad_ready(self, p: nn.Parameter) -> None:
+        grad, p.grad = p.grad, None
+        total = self.grads.pop(p, None)
+        total = grad.to(torch.float32) if total is None else total.add_(grad)
+        if not self.sync:
+            self.grads[p] = total
+            return
+        p.data = self.masters.pop(p)
+        p.grad = total
+
+    def set_requires_gradient_sync(self, sync: bool) -> None:
+        self.sync = sync
+
+
+_LOCAL: "weakref.WeakKeyDictionary[nn.Module, LocalMixedPrecision]" = weakref.WeakKeyDictionary()
+
+
+def set_requires_gradient_sync(model: nn.Module, sync: bool) -> None:
+    """Reduce (FSDP) or hand over (local mixed precision) gradients after this backward, or keep
+    accumulating them: the same call for both paths."""
+    local = _LOCAL.get(model)
+    if local is not None:
+        local.set_requires_gradient_sync(sync)
+    elif hasattr(model, "set_requires_gradient_sync"):  # fully_shard
+        model.set_requires_gradient_sync(sync)
+    # else: one process in fp32, nothing wrapped: autograd accumulates .grad in fp32 itself
+
+
 def parallelize(model: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh,
-                param_dtype: torch.dtype, fp8: bool = False) -> dict[str, int]:
-    """Apply float8, AC, compile and FSDP2 to a meta-device model; returns modules wrapped per
-    step."""
+                param_dtype: torch.dtype, fp8: bool = False,
+                fsdp_at_world_1: bool = False) -> dict[str, int]:
+    """Apply float8, AC, compile and FSDP2 (or, on a mesh of one process, local mixed
+    precision) to a meta-device model; returns modules wrapped per step.
+    `fsdp_at_world_1` keeps fully_shard on one process (benchmarks compare the two)."""
     wrapped = {}
     if fp8:
-        wrapped["float8_linears"] = apply_float8(model)
+        wrapped["float8_linears"] = apply_float8(model, fsdp_all_gather=mesh.size() > 1)
     layers = decoder_layers(model)
     if cfg.activation_checkpointing != "none":
         wrapped["activation_checkpointing"] = apply_activation_checkpointing(
             layers, cfg.activation_checkpointing)
     if cfg.compile:
         wrapped["compile"] = apply_compile(layers)
+    if mesh.size() == 1 and not fsdp_at_world_1:
+        if param_dtype != torch.float32:
+            LocalMixedPrecision(model, param_dtype)
+            wrapped["local_mixed_precision"] = 1
+        return wrapped
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     wrapped["fully_shard"] = apply_fsdp(model, layers, mesh,
                                         reshard_after_forward=cfg.sharding != "SHARD_GRAD_OP",

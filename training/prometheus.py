@@ -25,6 +25,8 @@ MFU_RATIO = "fsdp_train_mfu_ratio"
 STEP_SECONDS = "fsdp_train_step_seconds"
 LAST_CHECKPOINT_TIMESTAMP = "fsdp_train_last_checkpoint_timestamp_seconds"
 LAST_STEP_TIMESTAMP = "fsdp_train_last_step_timestamp_seconds"
+EVAL_LOSS = "fsdp_train_eval_loss"
+EVAL_PERPLEXITY = "fsdp_train_eval_perplexity"
 
 
 class TrainingMetrics:
@@ -51,6 +53,10 @@ class TrainingMetrics:
                                      "Unix time of the last complete checkpoint.", registry=r)
         self.last_step = Gauge(LAST_STEP_TIMESTAMP, "Unix time the last step completed.",
                                registry=r)
+        self.eval_loss = Gauge(EVAL_LOSS, "Validation loss (mean per target token over the whole "
+                               "validation set) at the last evaluation.", registry=r)
+        self.eval_perplexity = Gauge(EVAL_PERPLEXITY, "exp(validation loss) at the last "
+                                     "evaluation.", registry=r)
         self.server, _ = start_http_server(port, registry=r)  # the thread is a daemon
         log.info("serving Prometheus metrics on port %d", port)
 
@@ -66,6 +72,11 @@ class TrainingMetrics:
         self.step_seconds.set(m["perf/step_time_s"])
         self.last_step.set(m["time/unix_s"])
 
+    def observe_eval(self, m: dict) -> None:
+        """Update from one record of `metrics.eval_metrics`."""
+        self.eval_loss.set(m["eval/loss"])
+        self.eval_perplexity.set(m["eval/perplexity"])
+
     def observe_checkpoint(self) -> None:
         self.last_checkpoint.set(time.time())
 
@@ -78,6 +89,9 @@ class NoMetrics:
     """Stand-in on ranks that serve nothing, or when --metrics-port is 0."""
 
     def observe_step(self, m: dict) -> None:
+        pass
+
+    def observe_eval(self, m: dict) -> None:
         pass
 
     def observe_checkpoint(self) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-VERSION = 1
-"""Bump when the preset changes, so stale cached copies are not reused."""
+VERSION = 2
+"""Bump when the preset changes, so stale cached copies are not reused (2: chat template)."""
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 BYTE_OFFSET = 3
@@ -53,6 +53,16 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(printable, chars)}
 
 
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
+"""Zephyr's chat format (HuggingFaceH4/zephyr-7b-beta's tokenizer_config.json) without its
+newlines between turns: `<s><|user|>\\nHi</s><|assistant|>\\nHello</s>`. Each turn ends with
+`</s>`, so an assistant turn's trained tokens are its text and `</s>`; offline chat data works
+in tests and the demo."""
+
+
 def build_tokenizer():
     """A byte-level tokenizer: every UTF-8 byte is one token; no training, no download."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -64,9 +74,11 @@ def build_tokenizer():
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS,
-                                   pad_token=PAD, model_max_length=LLAMA_KWARGS[
-                                       "max_position_embeddings"])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS,
+                                        pad_token=PAD, model_max_length=LLAMA_KWARGS[
+                                            "max_position_embeddings"])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
 
 
 def directory(cache_dir: str | None, seed: int) -> Path:

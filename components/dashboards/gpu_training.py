@@ -79,6 +79,13 @@ def training_panels() -> list[dict[str, Any]]:
     """The job's own numbers, one series per node (pod)."""
     return [
         _timeseries("Loss", _training("fsdp_train_loss"), unit="none", legend=PER_POD),
+        _timeseries("Validation loss", f"{_training('fsdp_train_eval_loss')} > 0", unit="none",
+                    legend=PER_POD,
+                    description="Mean token loss over the whole validation set, at each evaluation "
+                                "(--eval-every, default every epoch, and after the last step). Rising "
+                                "while the training loss falls: overfitting."),
+        _timeseries("Validation perplexity", f"{_training('fsdp_train_eval_perplexity')} > 0",
+                    unit="none", legend=PER_POD, description="exp(validation loss)."),
         _timeseries("Tokens / s", _training("fsdp_train_tokens_per_second"), unit="short", legend=PER_POD,
                     description="Throughput as reported by each node's rank 0."),
         _timeseries("Tokens / s / GPU", _training("fsdp_train_tokens_per_second_per_gpu"), unit="short",

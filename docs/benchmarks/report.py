@@ -3,7 +3,6 @@ python docs/benchmarks/report.py  (writes docs/perf_tokens_by_config.png and
 docs/perf_scaling_prediction.png, prints the markdown tables)."""
 
 import glob
-import json
 import sys
 from pathlib import Path
 
@@ -18,6 +17,8 @@ from components.hardware import PROFILES  # noqa: E402
 from training.bench import SHAPES  # noqa: E402
 from training.metrics import flops_per_token  # noqa: E402
 from training.scaling_model import Cluster, predict  # noqa: E402
+
+from records import load  # noqa: E402
 
 RUNS = ROOT / "docs" / "benchmarks" / "h200"
 PEAK_H100 = PROFILES["p5"].gpu_peak_bf16_flops
@@ -39,11 +40,11 @@ OURS = [  # (tag, label), in the order of the chart
 
 
 def runs(tag: str) -> list[dict]:
-    return [json.loads(Path(f).read_text()) for f in sorted(glob.glob(f"{RUNS}/{tag}-2*.json"))]
+    return [load(f) for f in sorted(glob.glob(f"{RUNS}/{tag}-2*.json"))]
 
 
 def best(tag: str) -> dict:
-    return max(runs(tag), key=lambda r: r["tokens_per_s_per_gpu"])
+    return max(runs(tag), key=lambda r: r["perf/tokens_per_s_per_gpu"])
 
 
 def params_of(shape: dict) -> tuple[float, float]:
@@ -56,7 +57,7 @@ def params_of(shape: dict) -> tuple[float, float]:
 
 def config_chart() -> None:
     labels = [f"{a} (issue)" for a, _ in ANCHORS] + [label for _, label in OURS]
-    values = [v for _, v in ANCHORS] + [best(t)["tokens_per_s_per_gpu"] for t, _ in OURS]
+    values = [v for _, v in ANCHORS] + [best(t)["perf/tokens_per_s_per_gpu"] for t, _ in OURS]
     colors = ["#bbbbbb"] * len(ANCHORS) + ["#1f77b4"] * (len(OURS) - 2) + ["#ff7f0e"] * 2
     fig, ax = plt.subplots(figsize=(10, 6.5))
     ax.barh(range(len(values)), values, color=colors)
@@ -78,12 +79,10 @@ def config_chart() -> None:
     fig.savefig(ROOT / "docs" / "perf_tokens_by_config.png", dpi=110)
 
 
-NVLINK_BUSBW_GBS = {"p5": 240.0, "p4de": 230.0}
-"""NCCL bus bandwidth inside a node: measured on 2 H200s (docs/performance.md); p4de assumed."""
 CLUSTERS = {
     name: dict(gpus_per_node=PROFILES[name].gpus, network_gbps=float(PROFILES[name].network_gbps),
-               nvlink_busbw_gbs=busbw, peak=PROFILES[name].gpu_peak_bf16_flops)
-    for name, busbw in NVLINK_BUSBW_GBS.items()
+               nvlink_busbw_gbs=PROFILES[name].nvlink_busbw_gbs, peak=PROFILES[name].gpu_peak_bf16_flops)
+    for name in ("p5", "p4de")  # the charts' order
 }
 """The instance profiles (components/hardware.py) as the scaling model sees them."""
 
@@ -94,7 +93,7 @@ def one_node_steps() -> dict[str, tuple[float, str]]:
     thirteen = best("13b-b2-selective-compile")
     total70, body70 = params_of(SHAPES["llama2-70b"])
     f70 = flops_per_token(body70, 80, 8192, 4096)
-    mfu_full_ac = best("7b-b3-full-compile")["mfu_pct"] / 100
+    mfu_full_ac = best("7b-b3-full-compile")["perf/mfu_pct"] / 100
     return {
         "7B": (seven["step_time_s"]["median"], "measured: batch 3, no AC, compile, 2 x H200"),
         "13B": (thirteen["step_time_s"]["median"],

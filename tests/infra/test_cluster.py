@@ -208,10 +208,11 @@ def test_cluster_is_pinned_api_authenticated_without_default_nodes(recording: Re
     assert cluster["authenticationMode"] == "API"
     assert cluster["skipDefaultNodeGroup"] is True
     assert cluster["vpcCniOptions"]["addonVersion"] == addons["vpc-cni"]
-    assert cluster["corednsAddonOptions"]["version"] == addons["coredns"]
+    assert cluster["corednsAddonOptions"]["enabled"] is False, "pulumi-eks would create CoreDNS before any node"
     assert cluster["kubeProxyAddonOptions"]["version"] == addons["kube-proxy"]
     pod_identity = recording.one("aws:eks/addon:Addon", "cluster-pod-identity-agent").inputs
     assert pod_identity["addonVersion"] == addons["eks-pod-identity-agent"]
+    assert recording.one("aws:eks/addon:Addon", "cluster-coredns").inputs["addonVersion"] == addons["coredns"]
 
 
 def test_vpc_cni_new_enough_for_efa_only_interfaces():
@@ -318,3 +319,37 @@ def test_existing_cluster_kubeconfig_authenticates_with_aws_eks_get_token():
     assert exec_["args"][:2] == ["eks", "get-token"]
     provider = rec.one("pulumi:providers:kubernetes", "cluster-k8s").inputs
     assert json.loads(plain(provider["kubeconfig"])) == config
+
+
+ADDON = "aws:eks/addon:Addon"
+
+
+def test_gpu_nodes_are_auto_repaired_by_default(recording: Recording):
+    """Checked against the EKS API (NodeRepairConfig: off unless enabled): the GPU node group
+    asks for auto repair; the system node group is left as EKS has it."""
+    gpu, system = (recording.named(n) for n in ("gpu-gpu", "cluster-system"))
+    assert gpu.inputs["nodeRepairConfig"] == {"enabled": True}, gpu.inputs.get("nodeRepairConfig")
+    assert "nodeRepairConfig" not in system.inputs
+
+
+def test_auto_repair_can_be_turned_off():
+    rec = variant("p5", gpuNodes={"autoRepair": False})
+    assert rec.named("gpu-gpu").inputs["nodeRepairConfig"] == {"enabled": False}
+
+
+def test_node_monitoring_agent_is_pinned_and_runs_after_the_node_groups_exist(recording: Recording, stack: str):
+    """Checked against the EKS add-on rule (an add-on that runs pods turns ACTIVE only once
+    nodes can run them) and the versions table: the node monitoring agent, which feeds auto
+    repair, is pinned for the stack's Kubernetes version and waits for the system node group.
+    The GPU nodes need not wait for it: its DaemonSet lands on each node as it joins."""
+    version = stack_config(stack).get("fsdp-eks:cluster", {}).get("kubernetesVersion",
+                                                                   versions.DEFAULT_KUBERNETES_VERSION)
+    agent = next(a for a in recording.of_type(ADDON) if a.inputs["addonName"] == "eks-node-monitoring-agent")
+    assert agent.inputs["addonVersion"] == versions.EKS_ADDONS[version]["eks-node-monitoring-agent"]
+    assert "cluster-system" in agent.dependencies, agent.dependencies
+
+
+def test_every_supported_kubernetes_version_pins_the_node_monitoring_agent():
+    """A version added to the table without the agent would fail at `pulumi up`, not preview."""
+    missing = [v for v, pins in versions.EKS_ADDONS.items() if "eks-node-monitoring-agent" not in pins]
+    assert not missing, f"EKS_ADDONS lacks eks-node-monitoring-agent for {missing}"

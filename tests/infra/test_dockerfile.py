@@ -95,3 +95,14 @@ def test_runs_as_a_numeric_non_root_user_with_the_package_importable():
     assert ("WORKDIR", "/app") in steps and ("COPY", ". /app/training/") in steps
     assert "python-etcd" in (TRAINING / "requirements.txt").read_text()
     assert any(word == "RUN" and "import etcd" in args for word, args in steps)
+
+
+def test_efa_installer_builds_rdma_core_on_an_ngc_base():
+    """Checked against the EFA installer 1.48.0 on nvcr.io bases: it detects an "NGC build image",
+    skips rdma-core and libfabric1-aws then fails its dependency check
+    (awslabs/awsome-distributed-training PR #1153 adds the same flag)."""
+    [call] = [args for word, args in instructions() if word == "RUN" and "efa_installer.sh" in args]
+    flags = call.split("efa_installer.sh", 1)[1].split("&&", 1)[0].split()
+    assert versions.TRAINING_IMAGE_BUILD_ARGS["CUDA_IMAGE"].startswith("nvcr.io/")
+    assert "--disable-build-ngc" in flags
+    assert {"-y", "-g", "--skip-kmod", "--skip-limit-conf"} <= set(flags)

@@ -223,8 +223,8 @@ def test_prometheus_storage_and_retention(recording: Recording, stack: str):
     assert claim["resources"]["requests"]["storage"] == f"{wanted['prometheusStorageGiB']}Gi"
     assert spec["retention"] == wanted["prometheusRetention"]
     assert int(spec["retentionSize"].removesuffix("GB")) < wanted["prometheusStorageGiB"], "stop before the disk is full"
-    assert spec["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Delete", (
-        "the StatefulSet's claim (not Helm's) is deleted with it"
+    assert spec["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain", (
+        "the claim is the stack's own: the StatefulSet must not garbage-collect it"
     )
 
 

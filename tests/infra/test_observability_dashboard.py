@@ -142,3 +142,16 @@ def test_layout_and_identity(model: dict):
         assert pos["x"] + pos["w"] <= 24, panel["title"]
         if panel["type"] != "row":
             assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+
+
+def test_validation_loss_panel_beside_the_training_loss(model: dict):
+    """The validation loss and perplexity the training package serves are charted, the loss in
+    the same row as the training loss (same y, the other half), skipping the 0 a gauge holds
+    before the first evaluation."""
+    panels = {p["title"]: p for p in model["panels"]}
+    by_title = dict(gpu_training.queries(model))
+    assert metric_names(by_title["Validation loss"]) == {"fsdp_train_eval_loss"}
+    assert metric_names(by_title["Validation perplexity"]) == {"fsdp_train_eval_perplexity"}
+    assert by_title["Validation loss"].endswith("> 0")
+    loss, val = panels["Loss"]["gridPos"], panels["Validation loss"]["gridPos"]
+    assert loss["y"] == val["y"] and {loss["x"], val["x"]} == {0, loss["w"]}

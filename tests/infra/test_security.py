@@ -218,7 +218,7 @@ def test_open_endpoint_warning_only_when_open(cluster: dict, warned: bool):
     ({"adminRoleArns": ["arn:aws:iam::111122223333:user/alice"]}, "cluster.adminRoleArns", "give IAM role ARNs"),
     ({"viewerRoleArns": ["researchers"]}, "cluster.viewerRoleArns", "give IAM role ARNs"),
     ({"adminRoleArns": [ADMIN], "viewerRoleArns": [ADMIN]}, "cluster.viewerRoleArns", "list a role once"),
-    ({"endpointPublicAccess": "no"}, "cluster.endpointPublicAccess", "must be a bool"),
+    ({"endpointPublicAccess": "no"}, "cluster.endpointPublicAccess", "must be true or false"),
 ])
 def test_bad_access_settings_are_named(cluster: dict, key: str, fix: str):
     config = raw_settings("p5")

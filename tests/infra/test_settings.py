@@ -123,7 +123,7 @@ def test_unknown_key_is_named_with_the_known_ones():
 def test_wrong_type_is_named():
     config = raw("p5")
     config["gpuNodes"]["maxSize"] = "two"
-    assert "gpuNodes.maxSize = 'two': must be a int" in errors(config)
+    assert "gpuNodes.maxSize = 'two': must be a whole number" in errors(config)
 
 
 @pytest.mark.parametrize("section, key, value, fix", [
@@ -178,20 +178,38 @@ def test_existing_cluster_skips_network_and_node_rules():
     assert not settings.creates_cluster
 
 
-def test_project_declares_the_secrets_and_the_pip_virtualenv_runtime():
-    """Checked against Pulumi's project schema: secret keys are declared `secret: true`, so the
-    CLI refuses a plain-text value; `pulumi up` installs requirements.txt into .venv."""
+def test_project_runs_the_pip_virtualenv_runtime():
+    """`pulumi up` installs requirements.txt into .venv."""
     from pathlib import Path
 
     import yaml
 
-    from components.settings import SECRET_KEYS
-
     project = yaml.safe_load((Path(__file__).resolve().parents[2] / "Pulumi.yaml").read_text())
     assert project["name"] == "fsdp-eks"
     assert project["runtime"] == {"name": "python", "options": {"toolchain": "pip", "virtualenv": ".venv"}}
-    for key in SECRET_KEYS:
-        assert project["config"][key]["secret"] is True, key
+
+
+def test_project_requires_only_what_every_stack_needs():
+    """Checked against Pulumi's project config semantics (pulumi/pulumi
+    ValidateStackConfigAndApplyProjectConfig: a key declared in Pulumi.yaml without a default is
+    "missing configuration value" on any stack that lacks it) and the settings rules: a key may
+    be declared without a default only if the rules refuse every stack without it. The secrets
+    are needed only by a gated model (hfToken) and observability (grafanaAdminPassword)."""
+    from pathlib import Path
+
+    import yaml
+
+    project = yaml.safe_load((Path(__file__).resolve().parents[2] / "Pulumi.yaml").read_text())
+    required = {k for k, v in (project.get("config") or {}).items() if "default" not in v}
+    # A stack that needs neither secret: an open model, no observability.
+    config = raw("p5")
+    config["job"].update(model="NousResearch/Llama-2-7b-hf", modelParameters=6.74,  # an ungated copy
+                         activationCheckpointing="full")
+    config["observability"] = {"enabled": False}
+    parse(config, Secrets())  # valid without either secret
+    for key in required:
+        without = {k: v for k, v in config.items() if k != key}
+        assert key in errors(without, Secrets()), f"Pulumi.yaml requires {key} on every stack; the rules do not"
 
 
 # ----------------------------------------------------------------------------- the training keys
@@ -231,4 +249,73 @@ def test_a_training_key_of_the_wrong_type_is_named_once():
     config = raw("p5")
     config["job"]["seqLen"] = "long"
     message = errors(config)
-    assert "job.seqLen = 'long': must be a int" in message and message.count("job.seqLen") == 1
+    assert "job.seqLen = 'long': must be a whole number" in message and message.count("job.seqLen") == 1
+
+
+def test_float8_is_refused_on_a100_and_accepted_on_h100():
+    """Checked against the hardware table: the A100 (p4de) has no float8 matrix units, so the
+    preview names job.precision and the fix; the same job on p5 (H100) is accepted."""
+    config = raw("p4de")
+    config["job"]["precision"] = "fp8"
+    message = errors(config)
+    assert "job.precision = 'fp8'" in message and "A100" in message and "bf16" in message
+    config = raw("p5")
+    config["job"]["precision"] = "fp8"
+    assert parse(config).job.training.model.precision == "fp8"
+
+
+# ----------------------------------------------------------------------------- the data keys
+def test_default_data_is_the_seeds_samsum():
+    """Checked against the seed (llama-recipes' samsum_dataset.py): samsum's dialogue ->
+    summary with its prompt 'Summarize this dialog:\\n{dialog}\\n---\\nSummary:\\n', here from
+    the script-free knkarthick/samsum mirror, validated by the package's rules."""
+    data = parse(raw("p5")).job.training.data
+    assert (data.dataset, data.data_format, data.prompt_field, data.response_field) == (
+        "knkarthick/samsum", "fields", "dialogue", "summary")
+    assert data.prompt_template.format(dialogue="A: hi\nB: bye") == (
+        "Summarize this dialog:\nA: hi\nB: bye\n---\nSummary:\n")
+
+
+def test_own_dataset_drops_the_samsum_mapping():
+    """A stack file naming its own dataset gets the package's auto-detection, not samsum's
+    fields (which its records would lack); a mapping it gives itself is kept."""
+    config = raw("p5")
+    config["job"]["dataset"] = "/fsx/data/chat.jsonl"
+    data = parse(config).job.training.data
+    assert (data.data_format, data.prompt_field, data.prompt_template) == ("auto", None, None)
+    config["job"].update(promptField="question", responseField="answer")
+    data = parse(config).job.training.data
+    assert (data.data_format, data.prompt_field, data.response_field) == (
+        "fields", "question", "answer")
+
+
+@pytest.mark.parametrize("job, key, fix", [
+    ({"dataset": "my/data", "promptField": "q"}, "responseField",
+     "job.dataFormat fields needs both job.promptField and job.responseField"),
+    ({"promptTemplate": "Summarize {dialog}"}, "promptTemplate",
+     "must name the prompt field as {dialogue}; it names {dialog}"),
+    ({"promptTemplate": "Summarize {dialogue"}, "promptTemplate", "is not a Python format string"),
+    ({"dataFormat": "chat"}, "promptField", "only applies with job.dataFormat fields"),
+    ({"valFraction": 0.5}, "valFraction", "must be in [0, 0.5)"),
+    ({"evalEvery": -1}, "evalEvery", "must be >= 0"),
+    ({"valFraction": 0.0, "keepBest": True}, "keepBest", "needs a validation set"),
+])
+def test_data_keys_are_refused_by_the_packages_rules(job, key, fix):
+    """Checked against training/config.py's data rules: each mistake is named at preview under
+    its stack key, in stack terms."""
+    config = raw("p5")
+    config["job"].update(job)
+    message = errors(config)
+    assert f"job.{key} = " in message and fix in message, message
+
+
+def test_the_data_keys_the_package_accepts_the_stack_accepts():
+    """Evaluation every 50 steps, no validation split, and keepBest with evaluation on are all
+    valid for the package, so for the stack (the pod always gets a checkpoint directory)."""
+    config = raw("p5")
+    config["job"].update(evalEvery=50, keepBest=True, valFraction=0.1)
+    training = parse(config).job.training
+    assert (training.train.eval_every, training.checkpoint.keep_best,
+            training.data.val_fraction) == (50, True, 0.1)
+    config["job"].update(keepBest=False, valFraction=0.0)
+    assert parse(config).job.training.data.val_fraction == 0.0

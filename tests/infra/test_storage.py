@@ -72,8 +72,14 @@ def volume(rec: Recording) -> dict:
     return plain(rec.one(PV).inputs)
 
 
+def shared_claims(rec: Recording) -> list:
+    """The claims of the shared storage (not Prometheus' own claim, tests/infra/test_observability.py)."""
+    return [r for r in rec.of_type(PVC) if not r.name.startswith("observability-")]
+
+
 def claim(rec: Recording) -> dict:
-    return plain(rec.one(PVC).inputs)
+    (r,) = shared_claims(rec)
+    return plain(r.inputs)
 
 
 def opens(rules: list[dict], lo: int, hi: int, *, self_: bool, group: str) -> bool:
@@ -199,7 +205,7 @@ def test_csi_driver_gets_no_aws_credentials_for_a_static_volume(recording: Recor
 @pytest.mark.parametrize("type_", [PV, PVC])
 def test_volume_and_claim_validate_strictly(recording: Recording, type_: str):
     """Checked against Kubernetes 1.33's OpenAPI schemas (kubernetes-validate, strict)."""
-    (r,) = recording.of_type(type_)
+    (r,) = shared_claims(recording) if type_ == PVC else recording.of_type(type_)
     body = {"apiVersion": "v1", "kind": type_.rsplit(":", 1)[1], **plain(r.inputs)}
     kubernetes_validate.validate(body, "1.33", strict=True)
 
@@ -227,12 +233,12 @@ def test_claim_binds_only_that_volume_in_the_job_namespace(recording: Recording)
     assert pvc["spec"]["storageClassName"] == pv["spec"]["storageClassName"] == "", "no dynamic provisioning"
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     assert pvc["spec"]["resources"]["requests"]["storage"] == pv["spec"]["capacity"]["storage"]
-    for r in (recording.one(PV), recording.one(PVC)):
+    for r in (recording.one(PV), *shared_claims(recording)):
         assert r.provider and "cluster-k8s" in r.provider, f"{r.name}: not on the cluster's provider"
 
 
 def test_claim_comes_after_its_namespace_and_volume_and_before_the_job(recording: Recording):
-    pvc, job = recording.one(PVC), recording.one(PYTORCHJOB)
+    (pvc,), job = shared_claims(recording), recording.one(PYTORCHJOB)
     assert {"training-job-namespace", recording.one(PV).name} <= set(pvc.dependencies), pvc.dependencies
     assert pvc.name in job.dependencies, "the job's pods would wait for a claim that does not exist yet"
 
@@ -299,8 +305,9 @@ def single_node_recording() -> Recording:
 
 def test_single_node_without_storage_keeps_checkpoints_on_nvme(single_node_recording: Recording):
     rec = single_node_recording
-    for type_ in (FSX, PV, PVC):
+    for type_ in (FSX, PV):
         assert rec.of_type(type_) == [], f"{type_} created without shared storage"
+    assert shared_claims(rec) == [], "a shared claim created without shared storage"
     assert [r for r in rec.of_type(HELM) if r.inputs["chart"] == versions.FSX_CSI_DRIVER.chart] == []
     assert "fsx_file_system_id" not in rec.exports
     job = job_of(rec)
@@ -375,7 +382,7 @@ def test_a_claim_name_must_be_a_kubernetes_name():
 def test_an_existing_cluster_mounts_the_claim_the_user_brings():
     rec = variant("p5", cluster={"existingClusterName": "research"},
                   storage={"fsx": False, "existingClaimName": "team-checkpoints"})
-    assert rec.of_type(FSX) == [] and rec.of_type(PV) == [] and rec.of_type(PVC) == [], "nothing to create"
+    assert rec.of_type(FSX) == [] and rec.of_type(PV) == [] and shared_claims(rec) == [], "nothing to create"
     job = job_of(rec)
     claims = [v["persistentVolumeClaim"]["claimName"] for v in worker(job)["template"]["spec"]["volumes"]
               if "persistentVolumeClaim" in v]

@@ -113,14 +113,18 @@ def test_efa_and_gpu_counts_follow_the_job_when_set():
 
 
 EVERY_TRAINING_FIELD_CHANGED = {
-    "model": "org/some-model", "cache_dir": "/elsewhere", "dtype": "fp32", "sdpa_backend": "cudnn",
-    "fp8": True, "loss": "plain", "dataset": "data/train.jsonl", "dataset_split": "validation",
+    "model": "org/some-model", "cache_dir": "/elsewhere", "precision": "fp8", "sdpa_backend": "cudnn",
+    "loss": "plain", "dataset": "data/train.jsonl", "dataset_split": "validation",
+    "data_format": "fields", "prompt_field": "question", "response_field": "answer",
+    "prompt_template": "{context}\n\nQ: {question}\nA: ", "val_fraction": 0.1,
     "seq_len": 2048, "mask_prompt": False, "epochs": 3, "max_steps": 5, "batch_size": 2,
-    "grad_accum": 4, "seed": 7, "log_every": 5, "learning_rate": 3e-4, "warmup_steps": 0,
+    "grad_accum": 4, "seed": 7, "log_every": 5, "eval_every": 50, "learning_rate": 3e-4,
+    "warmup_steps": 0,
     "min_lr_ratio": 0.05, "weight_decay": 0.1, "max_grad_norm": 0.5, "sharding": "HYBRID_SHARD",
     "hsdp_shard_size": 4, "activation_checkpointing": "none", "compile": True,
+    "collective_timeout_s": 120, "async_checkpoint": False,
     "checkpoint_dir": "/elsewhere/ckpt", "checkpoint_every": 0, "keep_checkpoints": 5,
-    "output_dir": "/elsewhere/out", "export_dtype": "fp32", "metrics_port": 1234,
+    "output_dir": "/elsewhere/out", "export_dtype": "fp32", "keep_best": True, "metrics_port": 1234,
     "metrics_file": "/elsewhere/m.jsonl",
 }
 """A value other than the package's default for every field of training/config.py."""
@@ -146,3 +150,19 @@ def test_the_training_package_parses_the_command(changed):
                  "cache_dir": "/mnt/nvme/huggingface", "metrics_port": 9402,
                  "metrics_file": "/fsx/runs/r/metrics.jsonl"}
     assert parsed == {**training_config.flat(job.training), **pod_owned}
+
+
+@pytest.mark.parametrize("timeout_s", [None, 90])
+def test_nccl_gives_up_on_a_hung_rank_when_the_package_does(timeout_s):
+    """Checked against the training package's own --collective-timeout-s (the process-group
+    timeout): the pod's NCCL heartbeat timeout is the same number of seconds, with the
+    watchdog's async error handling on, so a hung GPU ends the process within that bound."""
+    fields = {} if timeout_s is None else {"collective_timeout_s": timeout_s}
+    job = job_settings(**fields)
+    env = {e["name"]: e.get("value") for e in
+           render(job)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["env"]}
+    command = training_command(job)
+    parsed = config_from_namespace(build_parser().parse_args(command[3:]))
+    assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == str(parsed.parallel.collective_timeout_s)
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert parsed.parallel.collective_timeout_s == (timeout_s or training_config.ParallelConfig().collective_timeout_s)

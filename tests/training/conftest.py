@@ -1,7 +1,8 @@
 """Helpers for the training tests: real torchrun processes on CPU with gloo.
 
 Every multi-process test fine-tunes the `tiny` preset (2 layers, hidden 64, 320-token byte
-vocabulary) on the shipped dataset at --seq-len 64, with OMP_NUM_THREADS=1, so the whole
+vocabulary) on the shipped dataset at --seq-len 512 (every example fits whole; 228 packed rows,
+most holding two examples), with OMP_NUM_THREADS=1, so the whole
 suite stays within a few minutes on 2 cores. Runs that several tests compare against are
 session fixtures and run once.
 """
@@ -26,7 +27,7 @@ STEPS = 8
 
 SEED = 7
 TINY_FLAGS = [
-    "--model", "tiny", "--seq-len", "64", "--learning-rate", "3e-3", "--warmup-steps", "2",
+    "--model", "tiny", "--seq-len", "512", "--learning-rate", "3e-3", "--warmup-steps", "2",
     "--no-mask-prompt", "--max-steps", str(STEPS), "--seed", str(SEED),
 ]
 """The tiny job every comparison uses; world x --batch-size x --grad-accum = 8 sequences."""
@@ -76,6 +77,30 @@ class Run:
     def check(self) -> Run:
         assert self.returncode == 0, f"training failed ({self.returncode}):\n{self.output[-6000:]}"
         return self
+
+
+def evals_of(path: Path) -> dict[int, dict]:
+    """Evaluation records by step."""
+    return {r["eval/step"]: r for r in map(json.loads, path.read_text().splitlines())
+            if "eval/step" in r}
+
+
+def summary_of(path: Path) -> dict:
+    """The run's last summary record."""
+    return [r for r in map(json.loads, path.read_text().splitlines()) if "summary/steps" in r][-1]
+
+
+def held_out(records: list[dict], fraction: float) -> list[dict]:
+    """The validation records by the documented rule (training/dataset.py), computed here:
+    SHA-256 of the record's canonical JSON, as a fraction of 2**64 from its first 8 bytes,
+    below `fraction`."""
+    import hashlib
+
+    def place(record: dict) -> float:
+        canonical = json.dumps(record, sort_keys=True, ensure_ascii=False)
+        return int(hashlib.sha256(canonical.encode()).hexdigest()[:16], 16) / 2**64
+
+    return [r for r in records if place(r) < fraction]
 
 
 def steps_of(path: Path) -> dict[int, dict]:

@@ -12,10 +12,14 @@ from training import bench
 
 pytestmark = pytest.mark.timeout(120)
 
-REQUIRED = ("date", "model", "seq_len", "batch", "gpus", "gpu_name", "precision",
-            "activation_checkpointing", "compile", "fp8", "strategy", "versions",
-            "tokens_per_s_per_gpu", "mfu_pct", "step_time_s", "memory_gib",
-            "time_to_first_step_s", "startup_s", "losses", "config")
+REQUIRED = ("date", "run/model", "run/params", "run/seq_len", "batch", "run/gpus", "run/device",
+            "run/param_dtype", "run/reduce_dtype", "run/optimizer_state_dtype",
+            "run/activation_checkpointing", "run/compile", "run/precision", "strategy",
+            "run/torch", "versions", "perf/tokens_per_s_per_gpu", "perf/mfu_pct",
+            "perf/step_time_s", "step_time_s", "memory_gib", "time_to_first_step_s", "startup_s",
+            "losses", "config")
+"""The fine-tune's names (`run/*` of its summary, `perf/*` of its step metrics) for what both
+report; the bench's own names for the rest."""
 
 
 def test_bench_writes_one_sane_json(tmp_path, world_of_one):
@@ -30,17 +34,24 @@ def test_bench_writes_one_sane_json(tmp_path, world_of_one):
     assert not missing, missing
     assert r["status"] == "ok"
     assert "--out" not in r["argv"] and "--bench-steps" in r["argv"]
-    assert r["model"]["layers"] == 2 and r["model"]["hidden"] == 64
+    assert r["run/layers"] == 2 and r["run/hidden"] == 64 and r["model"]["vocab"] == 320
+    assert r["run/model"] == "random init, shape tiny"
+    assert (r["run/seq_len"], r["run/gpus"], r["run/device"]) == (32, 1, "cpu")
     assert r["batch"] == {"per_gpu_sequences": 4, "per_gpu_tokens": 128,
-                          "micro_batch_sequences": 2, "grad_accum": 2,
-                          "global_sequences": 4, "global_tokens": 128}
-    assert r["precision"]["master_params"] == r["precision"]["optimizer_states"] == "float32"
+                          "micro_batch_sequences": 2, "grad_accum": 2, "global_sequences": 4}
+    assert r["run/tokens_per_global_batch"] == 128
+    assert r["precision"]["master_params"] == r["run/optimizer_state_dtype"] == "float32"
     assert len(r["step_times_s"]) == 3 and len(r["losses"]) == 4
     t = r["step_time_s"]
     assert 0 < t["min"] <= t["median"] <= t["max"]
+    # the mean step: on the CPU the per-step times are consecutive host stamps, so they add up
+    # to the wall-clock time of the timed steps (which ends after one more sync call)
+    assert r["perf/step_time_s"] == pytest.approx(sum(r["step_times_s"]) / 3, rel=0.01)
     # tokens/s/GPU is a step's per-GPU tokens (all micro-batches) over the MEAN step time
-    assert r["tokens_per_s_per_gpu"] == pytest.approx(128 / t["mean"])
+    assert r["perf/tokens_per_s_per_gpu"] == pytest.approx(128 / r["perf/step_time_s"])
+    assert r["perf/tflops_per_gpu"] == pytest.approx(
+        r["perf/tokens_per_s_per_gpu"] * r["run/flops_per_token"] / 1e12)
     # random tokens over a 320-word vocabulary: the loss starts near ln(320) = 5.77
     assert abs(r["losses"][0] - 5.77) < 0.5
-    assert r["mfu_pct"] is None and r["memory_gib"] is None  # no GPU, no peak: null, not 0
+    assert r["perf/mfu_pct"] is None and r["memory_gib"] is None  # no GPU, no peak: null, not 0
     assert 0 < r["startup_s"]["first_step_s"] < r["time_to_first_step_s"]

@@ -1,8 +1,11 @@
-"""Faults under torchrun with restarts allowed: a worker SIGKILLed mid-run, and a worker killed
-while writing a checkpoint. Both must end where an uninterrupted run ends."""
+"""Faults under torchrun with restarts allowed: a worker SIGKILLed mid-run, a worker killed while
+writing a checkpoint, a whole "node" (agent and worker) lost under the etcd rendezvous, and a
+hung (SIGSTOPped) worker. Each must end where an uninterrupted run ends, or end within its
+configured bound."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -100,6 +103,116 @@ def test_killed_while_saving_resumes_from_previous_checkpoint(reference, tmp_pat
     assert_losses_close(run.losses(), reference.losses(), BITWISE_RTOL, "killed in save")
     assert [s for s, _ in complete_checkpoints(ckpt)] == [N, STEPS]
     assert sorted(p.name for p in ckpt.iterdir()) == [f"step_{N:08d}", f"step_{STEPS:08d}"]
+
+
+def _wait_for_step(metrics: Path, step: int, procs: list[subprocess.Popen], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while max(steps_of(metrics), default=0) < step:
+        for proc in procs:
+            assert proc.poll() is None, f"run ended early:\n{proc.stdout.read()[-4000:]}"
+        assert time.monotonic() < deadline, f"the run never reached step {step}"
+        time.sleep(0.05)
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+LOST_NODE_BOUND_S = 60
+"""Kill to first step after resume, on this 2-core machine (measured: README, Resilience)."""
+
+
+def test_lost_node_resumes_from_last_checkpoint_through_etcd(etcd, reference, tmp_path,
+                                                            tiny_cache):
+    """Checked against the uninterrupted reference run and a real etcd: two torchrun agents
+    (one process each, --nnodes 2, as min = max nodes) train together; after step N+1 one
+    whole "node" is lost (its agent and worker SIGKILLed) and a replacement agent starts; the
+    survivor's group fails, both rendezvous again, resume from step N's checkpoint, and the
+    run ends with the reference's losses at every step. The kill-to-first-resumed-step time
+    is measured and bounded."""
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
+    launcher = ["--nnodes=2", "--rdzv-backend=etcd", f"--rdzv-endpoint={etcd}",
+                "--rdzv-id=lost-node", "--max-restarts=1", "--monitor-interval=0.5"]
+    cmd = torchrun_cmd(1, launcher) + [
+        *TINY_FLAGS, "--cache-dir", str(tiny_cache), "--batch-size", "4",
+        "--checkpoint-dir", str(ckpt), "--checkpoint-every", str(N), "--metrics-file", str(metrics)]
+
+    def agent() -> subprocess.Popen:
+        return subprocess.Popen(cmd, cwd=REPO, env=child_env(FSDP_EKS_TEST_STEP_DELAY_S="0.5"),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    agents = [agent(), agent()]
+    try:
+        _wait_for_step(metrics, N + 1, agents, timeout=180)
+        lost = agents.pop(1)
+        victims = [*_workers(lost.pid).values(), lost.pid]
+        before, killed = _lines(metrics), time.monotonic()
+        for pid in victims:  # the node goes away: its agent and its worker at once
+            os.kill(pid, signal.SIGKILL)
+        agents.append(agent())  # the replacement node's pod
+        while _lines(metrics) == before:
+            assert time.monotonic() - killed < 180, "no step after the node was lost"
+            time.sleep(0.05)
+        restart_s = time.monotonic() - killed
+        outputs = [a.communicate(timeout=180)[0] for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                a.kill()
+    for a, out in zip(agents, outputs):
+        assert a.returncode == 0, f"agent failed ({a.returncode}):\n{out[-6000:]}"
+    assert any(f"resumed from {ckpt}/step_{N:08d}" in out for out in outputs)
+    first_after = [json.loads(line) for line in metrics.read_text().splitlines()][before]
+    assert first_after["train/step"] == N + 1, "resumed from the last checkpoint, step N"
+    run = Run(0, "".join(outputs), tmp_path)
+    assert_losses_close(run.losses(), reference.losses(), BITWISE_RTOL, "node lost + replaced")
+    print(f"lost node: {restart_s:.1f} s from the kill to the first step after resume")
+    assert restart_s < LOST_NODE_BOUND_S, f"restart took {restart_s:.1f} s"
+
+
+COLLECTIVE_TIMEOUT_S = 5
+SHUTDOWN_GRACE_S = 30
+"""torchrun's stop of a failed group: SIGTERM, then SIGKILL after 30 s to what is still there
+(a stopped process ignores SIGTERM); LocalElasticAgent._stop_workers uses this default, not
+--shutdown-timeout (torch/distributed/elastic/agent/server/local_elastic_agent.py)."""
+HANG_MARGIN_S = 15
+
+
+def test_hung_rank_fails_the_group_within_the_collective_timeout(tmp_path, tiny_cache):
+    """Checked against the configured bound, with real processes and gloo: rank 1 is
+    SIGSTOPped mid-run (it stops answering but its sockets stay open); rank 0's next
+    collective times out after --collective-timeout-s, the worker fails, and torchrun
+    (--max-restarts=0) stops the group and exits non-zero within that timeout plus its
+    shutdown grace plus a margin, instead of hanging."""
+    metrics = tmp_path / "metrics.jsonl"
+    cmd = torchrun_cmd(2, ["--standalone", "--max-restarts=0", "--monitor-interval=0.5"]) + [
+        *TINY_FLAGS, "--cache-dir", str(tiny_cache), "--batch-size", "4",
+        "--collective-timeout-s", str(COLLECTIVE_TIMEOUT_S), "--metrics-file", str(metrics)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(FSDP_EKS_TEST_STEP_DELAY_S="0.5"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    victim = None
+    try:
+        _wait_for_step(metrics, 2, [proc], timeout=120)
+        victim = _workers(proc.pid)[1]
+        os.kill(victim, signal.SIGSTOP)
+        stopped = time.monotonic()
+        out, _ = proc.communicate(timeout=COLLECTIVE_TIMEOUT_S + SHUTDOWN_GRACE_S + 60)
+        ended = time.monotonic() - stopped
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if victim is not None:
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode != 0, "the run cannot succeed with a stopped rank"
+    assert max(steps_of(metrics)) < STEPS
+    assert "timed out" in out.lower() or "timeout" in out.lower(), out[-4000:]
+    print(f"hung rank: torchrun exited {ended:.1f} s after SIGSTOP")
+    assert ended <= COLLECTIVE_TIMEOUT_S + SHUTDOWN_GRACE_S + HANG_MARGIN_S, (
+        f"{ended:.1f} s from SIGSTOP to exit")
+    assert ended >= COLLECTIVE_TIMEOUT_S - 1, "it failed before the timeout: not the hang"
 
 
 def test_only_complete_checkpoints_count(tmp_path):

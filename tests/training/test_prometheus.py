@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import time
 import urllib.request
@@ -25,6 +26,7 @@ CONTRACT = [
     "fsdp_train_tokens_per_second", "fsdp_train_tokens_per_second_per_gpu",
     "fsdp_train_mfu_ratio", "fsdp_train_step_seconds",
     "fsdp_train_last_checkpoint_timestamp_seconds", "fsdp_train_last_step_timestamp_seconds",
+    "fsdp_train_eval_loss", "fsdp_train_eval_perplexity",
 ]
 """The names the dashboard and alert rules (issue 5) are written against."""
 
@@ -50,12 +52,13 @@ def test_module_exposes_the_contract_names():
 def test_endpoint_serves_moving_step_counter(tmp_path, tiny_cache):
     """Checked against a real HTTP scrape of a 2-rank CPU run with --metrics-port: every
     contract metric is served by local rank 0, and the step gauge, the step counter and the
-    last-step timestamp move between two scrapes while the loss is a finite positive number."""
+    last-step timestamp move between two scrapes while the loss is a finite positive number;
+    after an evaluation the validation loss is too, and its perplexity is exp of it."""
     port = free_port()
     cmd = torchrun_cmd(2) + [*TINY_FLAGS, "--max-steps", "12", "--batch-size", "4",
                              "--cache-dir", str(tiny_cache), "--metrics-port", str(port),
                              "--checkpoint-dir", str(tmp_path / "ckpt"),
-                             "--checkpoint-every", "2"]
+                             "--checkpoint-every", "2", "--eval-every", "2"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(FSDP_EKS_TEST_STEP_DELAY_S="0.4"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -77,6 +80,10 @@ def test_endpoint_serves_moving_step_counter(tmp_path, tiny_cache):
         second["fsdp_train_tokens_per_second"] / 2)
     assert second["fsdp_train_mfu_ratio"] == 0  # CPU: no peak, reported as 0
     assert second["fsdp_train_last_checkpoint_timestamp_seconds"] > time.time() - 120
+    # --eval-every 2: an evaluation has run by step 4, after which the gauges hold its numbers
+    assert 0 < second["fsdp_train_eval_loss"] < 20
+    assert second["fsdp_train_eval_perplexity"] == pytest.approx(
+        math.exp(second["fsdp_train_eval_loss"]), rel=1e-9)
 
 
 def _wait_for(port: int, proc: subprocess.Popen, ready, timeout: float = 90) -> dict:

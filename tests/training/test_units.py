@@ -90,46 +90,22 @@ def test_help_runs():
 
 
 # ----------------------------------------------------------------------------- data
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny.build_tokenizer()
-
-
-def test_packing_shifts_targets_and_masks_prompts(tokenizer):
-    """Checked against the definition of causal-LM packing: each target is the next input
-    token; with --mask-prompt only response tokens (and EOS) carry a loss; nothing is padded."""
-    records = [{"instruction": "Add.", "input": "1 and 2", "output": "3"},
-               {"text": "plain text trained on whole"}] * 20
-    masked = dataset.pack(records, tokenizer, 32, mask_prompt=True)
-    full = dataset.pack(records, tokenizer, 32, mask_prompt=False)
-    assert torch.equal(full.targets[:, :-1], full.inputs[:, 1:])
-    assert (full.targets != dataset.IGNORE_INDEX).all()
-    assert masked.stats["target_fraction"] < full.stats["target_fraction"] == 1.0
-    decoded = tokenizer.decode([t for t in masked.targets.flatten().tolist() if t >= 0])
-    assert "3</s>" in decoded and "Add." not in decoded and "plain text" in decoded
-    assert full.stats["tokens_cropped"] < 32 + 1
-
-
-def test_bad_records_and_missing_files_are_user_errors(tokenizer, tmp_path):
-    """Checked against the error contract: a missing dataset and records without known fields
-    each raise one message naming --dataset."""
-    with pytest.raises(UserError, match="--dataset .*no such file"):
-        dataset.load_records(C.DataConfig(dataset=str(tmp_path / "nope.jsonl")), None)
-    with pytest.raises(UserError, match="instruction and output"):
-        dataset.pack([{"question": "?"}], tokenizer, 16, True)
-    path = tmp_path / "d.json"
-    path.write_text(json.dumps([{"text": "a b c"}]))
-    assert dataset.load_records(C.DataConfig(dataset=str(path)), None) == [{"text": "a b c"}]
-
-
-def test_parquet_dataset(tmp_path):
-    """Checked against pyarrow: a .parquet file's rows come back as records."""
+def test_missing_file_and_local_records(tmp_path):
+    """Checked against the error contract and the files written here: a missing dataset file
+    raises one message naming --dataset; a .json array and a .parquet file come back as their
+    records (pyarrow writes the parquet)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    with pytest.raises(UserError, match="--dataset .*no such file"):
+        dataset.load_tables(C.DataConfig(dataset=str(tmp_path / "nope.jsonl")), None)
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps([{"text": "a b c"}]))
+    assert dataset.load_tables(C.DataConfig(dataset=str(path)), None)[0].records == [
+        {"text": "a b c"}]
     path = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist([{"instruction": "i", "output": "o"}]), path)
-    assert dataset.load_records(C.DataConfig(dataset=str(path)), None) == [
+    assert dataset.load_tables(C.DataConfig(dataset=str(path)), None)[0].records == [
         {"instruction": "i", "output": "o"}]
 
 
@@ -317,3 +293,54 @@ def test_out_of_memory_message(monkeypatch, capsys, world_of_one):
     for remedy in ("more nodes", "FULL_SHARD", "--activation-checkpointing full",
                    "--batch-size"):
         assert remedy in err
+
+
+# ----------------------------------------------------------------------------- world size 1
+def _steps_at_world_of_one(env, fsdp: bool, argv: list[str], steps: int = 4) -> list[tuple]:
+    from transformers import LlamaConfig
+
+    from training.finetune import build_optimizer, parallelize_model, train_step
+    from training.model import init_random_, meta_model_from_config
+
+    cfg = C.parse_args(argv)
+    model = meta_model_from_config(LlamaConfig(**tiny.LLAMA_KWARGS))
+    _, wrapped = parallelize_model(cfg, model, env, fsdp_at_world_1=fsdp)
+    assert ("fully_shard" in wrapped) == fsdp
+    init_random_(model, 0)
+    optimizer = build_optimizer(model, cfg.optim, env.device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randint(3, 259, (2, 33), generator=gen)
+               for _ in range(cfg.train.grad_accum)]
+    out = []
+    for _ in range(steps):  # the same batch every step: the loss must fall
+        loss, norm = train_step(model, optimizer, scheduler,
+                                [(t[:, :-1], t[:, 1:]) for t in batches],
+                                cfg.optim.max_grad_norm, env)
+        assert all(p.dtype == torch.float32 for p in model.parameters())  # masters between steps
+        out.append((float(loss), float(norm)))
+    return out
+
+
+@pytest.mark.parametrize("accum", [1, 3])
+def test_world_of_one_without_fsdp_matches_fully_shard(world_of_one, accum):
+    """Checked against fully_shard at world size 1 (the path of every multi-GPU job): local
+    mixed precision (no FSDP) gives the same losses and gradient norms, bit for bit, over 4
+    steps of bf16 compute with fp32 masters, with and without gradient accumulation; the
+    parameters are fp32 between steps (what checkpoints and the export read)."""
+    import torch.distributed as dist
+
+    from training.dist import init_distributed
+
+    env = init_distributed()
+    try:
+        argv = ["--precision", "bf16", "--batch-size", "2", "--grad-accum", str(accum),
+                "--seq-len", "32", "--activation-checkpointing", "none", "--learning-rate", "3e-3",
+                "--warmup-steps", "0"]
+        sharded = _steps_at_world_of_one(env, True, argv)
+        local = _steps_at_world_of_one(env, False, argv)
+        assert sharded[0][0] > sharded[-1][0]  # it trains
+        assert local == sharded
+    finally:
+        dist.destroy_process_group()
+

@@ -1,0 +1,38 @@
+"""Pair table of one device call: `ours-NAME` (training.bench) beside `titan-NAME`
+(peer_torchtitan.py), ratio = ours / torchtitan tokens/s/GPU.  python peer_table.py DIR"""
+
+import glob
+import sys
+
+import records
+
+
+def load(folder: str) -> dict[str, dict]:
+    runs = {}
+    for path in sorted(glob.glob(f"{folder}/*.json")):
+        r = records.load(path)
+        if "perf/tokens_per_s_per_gpu" in r:
+            runs[r["tag"]] = r
+    return runs
+
+
+def main(folder: str) -> None:
+    runs = load(folder)
+    print("| configuration | ours tok/s/GPU | torchtitan tok/s/GPU | ratio | ours peak alloc GiB | torchtitan peak alloc GiB |")
+    print("|---|---|---|---|---|---|")
+    for tag, r in runs.items():
+        if not tag.startswith("ours-"):
+            continue
+        peer = runs.get("titan-" + tag[len("ours-"):])
+        ours = r["perf/tokens_per_s_per_gpu"]
+        mem = (r.get("memory_gib") or {}).get("peak_allocated", 0)
+        if peer:
+            theirs = peer["perf/tokens_per_s_per_gpu"]
+            print(f"| {tag[5:]} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.3f} | {mem:.1f} | "
+                  f"{peer['memory_gib']['peak_allocated']:.1f} |")
+        else:
+            print(f"| {tag[5:]} | {ours:,.0f} | - | - | {mem:.1f} | - |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# training.bench beside torchtitan (docs/benchmarks/peer_torchtitan.py) in one device call on
+# nvidia-h200 (issue 14): each configuration runs ours, then torchtitan's, back to back, so a
+# ratio is only ever taken between two runs of the same call on the same GPU.
+#   bash docs/benchmarks/run_peer.sh PHASE   (from a folder holding training/, benchmarks/, whl/)
+# JSONs go to $WORK/json and are packed into $OUT/results-PHASE.tgz after every run; the last
+# lines printed are the pair table (docs/benchmarks/peer_table.py).
+set -u
+PHASE=${1:?phase}
+OUT=${OUT:-/tmp/out}
+WORK=/tmp/bench
+mkdir -p "$OUT" "$WORK/json"
+LOG=$OUT/log-$PHASE.txt
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=8
+export NCCL_NVLS_ENABLE=0
+START=$(date +%s)
+BUDGET=${BUDGET:-560}
+PY=python3
+HERE=$(pwd)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site whl/*.whl >>"$LOG" 2>&1 && echo "wheels installed" | tee -a "$LOG"
+export PYTHONPATH=/tmp/site:$HERE
+SHAPE="--shape llama2-7b --seq-len 4096 --batch-size 3 --bench-steps 10 --bench-warmup 3"
+
+elapsed() { echo $(( $(date +%s) - START )); }
+pack() { tar czf "$OUT/results-$PHASE.tgz" --exclude='*.trace.json.gz' -C "$WORK" json 2>/dev/null; }
+run_limited() {  # NAME LIMIT_S COMMAND...
+  local name=$1 limit=$2; shift 2
+  local now; now=$(elapsed)
+  if (( now + 40 > BUDGET )); then echo "SKIP $name: budget ($now s used)" | tee -a "$LOG"; return; fi
+  (( limit > BUDGET - now )) && limit=$(( BUDGET - now ))
+  echo "=== $name: limit ${limit}s: $*" | tee -a "$LOG"
+  timeout -k 10 "$limit" "$@" >>"$LOG" 2>&1
+  echo "rc=$? $name at $(elapsed) s" | tee -a "$LOG"
+  grep -h "tokens/s/GPU\|Error\|error" "$LOG" | tail -2
+  pack
+}
+ours() {  # NAME LIMIT FLAGS...
+  local name=$1 limit=$2; shift 2
+  run_limited "$name" "$limit" $PY -m torch.distributed.run --standalone --nproc-per-node 1 \
+    -m training.bench --tag "$name" --out "$WORK/json" "$@"
+}
+titan() {  # NAME LIMIT FLAGS...
+  local name=$1 limit=$2; shift 2
+  run_limited "$name" "$limit" $PY -m torch.distributed.run --standalone --nproc-per-node 1 \
+    benchmarks/peer_torchtitan.py --tag "$name" --out "$WORK/json" --batch-size 3 --seq-len 4096 \
+    --steps 10 --warmup 3 "$@"
+}
+
+phasepeer() {
+  { nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version --format=csv
+    $PY -c 'import torch, transformers; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), transformers.__version__)'; } 2>&1 | tee -a "$LOG"
+  ours ours-16l-none 110 $SHAPE --layers 16 --activation-checkpointing none --compile
+  titan titan-16l-none 110 --layers 16 --ac none
+  ours ours-16l-fp8 110 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8 --profile-steps 1
+  titan titan-16l-fp8 110 --layers 16 --ac none --float8
+  ours ours-7b-full 120 $SHAPE --activation-checkpointing full --compile
+  titan titan-7b-full 120 --layers 32 --ac full
+  ours ours-16l-none-fsdp 100 $SHAPE --layers 16 --activation-checkpointing none --compile --fsdp-at-world-1
+}
+
+phaseconv() {  # float8 convergence on the Brown corpus (fp8_convergence.py), the checkpoint
+  # cost of issue 16, and the float8 pair again after the float8-weight change
+  local conv=/tmp/conv; mkdir -p $conv
+  $PY benchmarks/fp8_convergence.py make $conv/model >>"$LOG" 2>&1
+  local common="--model $conv/model --dataset $HERE/data/brown.jsonl --seq-len 1024 --batch-size 8 \
+    --max-steps 300 --learning-rate 3e-4 --warmup-steps 20 --activation-checkpointing none --compile \
+    --log-every 50 --seed 42"
+  for run in bf16 fp8 bf16_again; do
+    local flags=""; [ $run = fp8 ] && flags="--precision fp8"
+    # shellcheck disable=SC2086
+    run_limited conv-$run 120 $PY -m torch.distributed.run --standalone --nproc-per-node 1 \
+      -m training.finetune $common $flags --metrics-file "$WORK/json/conv-$run.jsonl"
+  done
+  $PY benchmarks/fp8_convergence.py compare "$WORK/json/conv-summary.json" "$WORK/json/conv-bf16.jsonl" \
+    "$WORK/json/conv-fp8.jsonl" "$WORK/json/conv-bf16_again.jsonl" 2>&1 | tee -a "$LOG"
+  pack
+  df -h /tmp | tee -a "$LOG"
+  ours ckpt-7b-8l-fsdp 200 --shape llama2-7b --layers 8 --seq-len 4096 --batch-size 3 --bench-steps 5 \
+    --bench-warmup 2 --activation-checkpointing none --compile --fsdp-at-world-1 --checkpoint-cost /tmp/ckpt
+  grep -h "checkpoint cost" "$LOG" | tail -4
+  ours ours-16l-fp8 110 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8
+  titan titan-16l-fp8 110 --layers 16 --ac none --float8
+}
+
+phaseagain() {  # the bf16 pairs again (a second same-call sample), the pinned async checkpoint
+  # in steady state (7B shape cut to 4 layers), the float8 pair if time is left
+  ours ours-16l-none 110 $SHAPE --layers 16 --activation-checkpointing none --compile
+  titan titan-16l-none 110 --layers 16 --ac none
+  ours ours-7b-full 120 $SHAPE --activation-checkpointing full --compile
+  titan titan-7b-full 120 --layers 32 --ac full
+  ours ckpt-7b-4l-fsdp 130 --shape llama2-7b --layers 4 --seq-len 4096 --batch-size 3 --bench-steps 5 \
+    --bench-warmup 2 --activation-checkpointing none --compile --fsdp-at-world-1 --checkpoint-cost /tmp/ckpt
+  grep -h "checkpoint cost" "$LOG" | tail -4
+  ours ours-16l-fp8 110 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8
+  titan titan-16l-fp8 110 --layers 16 --ac none --float8
+}
+
+phaseprofile() {  # one profiled step of each side, 16 layers, no AC: where the time goes
+  ours ours-16l-none 110 $SHAPE --layers 16 --activation-checkpointing none --compile --profile-steps 1
+  titan titan-16l-none 110 --layers 16 --ac none --profile-steps 1
+}
+
+phasefinal() {  # the bf16 pairs after the compiled gradient cast
+  ours ours-16l-none 100 $SHAPE --layers 16 --activation-checkpointing none --compile
+  titan titan-16l-none 100 --layers 16 --ac none
+  ours ours-7b-full 100 $SHAPE --activation-checkpointing full --compile
+  titan titan-7b-full 100 --layers 32 --ac full
+}
+
+"phase$PHASE"
+pack
+echo "--- phase $PHASE done at $(elapsed) s"
+cp "$WORK"/json/*.trace.json.gz "$OUT"/ 2>/dev/null
+for t in "$WORK"/json/*.trace.json.gz; do [ -f "$t" ] && echo "== $t" && $PY benchmarks/trace_summary.py "$t" 2>&1 | head -32; done
+$PY benchmarks/peer_table.py "$WORK/json"

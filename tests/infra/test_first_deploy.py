@@ -1,0 +1,343 @@
+"""What only a first `pulumi up` / `pulumi destroy` on AWS would show, proven the ways it can be
+proven here: the dependency graph of the mock run (what each resource waits for, so the create
+order and the reverse destroy order), the parsed user data, the rendered objects, the SDK's own
+input types, and the zone invokes answered from tables.
+
+Sources per fact: pulumi/pulumi-eks#1819 (CoreDNS before nodes), the EKS user guide (zones EKS
+refuses, the release calendar, control-plane log group), awslabs/amazon-eks-ami nodeadm
+(base runtime spec, its JSON merge), awslabs/awsome-distributed-training#647 (EFA and
+RLIMIT_MEMLOCK), Helm's 300 s default timeout.
+"""
+
+from __future__ import annotations
+
+import base64
+import email
+import json
+from datetime import date
+from pathlib import Path
+
+import pulumi
+import pulumi_eks as eks
+import pytest
+import yaml
+
+from components import offline, versions
+from components.gpu_nodes import container_rlimits
+from components.offline import AwsLikeMocks
+from components.preflight import EKS_UNSUPPORTED_ZONE_IDS, zone_problems
+from components.settings import Secrets, SettingsError
+from tests.harness import (
+    HELM,
+    Recording,
+    parse,
+    raw_settings,
+    run_program,
+    settings_error,
+    stack_config,
+    variant_config,
+    waits_for,
+)
+from training import dist
+
+ADDON = "aws:eks/addon:Addon"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def addon(recording: Recording, addon_name: str):
+    [found] = [r for r in recording.of_type(ADDON) if r.inputs["addonName"] == addon_name]
+    return found
+
+
+@pytest.fixture(scope="module")
+def with_cloudwatch() -> Recording:
+    return run_program(variant_config("p5", observability={"cloudwatchContainerInsights": True}), "p5-cw")
+
+
+# --------------------------------------------------------------------------- 1. CoreDNS after nodes
+
+
+def test_the_sdk_turns_coredns_on_when_only_a_version_is_given():
+    """Checked against the pulumi-eks 4.4 SDK's own input type: why `enabled=False` is explicit."""
+    assert eks.CoreDnsAddonOptionsArgs(version="v1.0.0-eksbuild.1").enabled is True
+    assert eks.CoreDnsAddonOptionsArgs(enabled=False).enabled is False
+
+
+def test_coredns_is_ours_and_waits_for_the_system_nodes(recording: Recording, stack: str):
+    """pulumi/pulumi-eks#1819: the add-on inside eks.Cluster has no node to run on."""
+    cluster = recording.one("eks:index:Cluster").inputs
+    assert cluster["corednsAddonOptions"]["enabled"] is False
+    coredns = addon(recording, "coredns")
+    version = stack_config(stack)["fsdp-eks:cluster"]["kubernetesVersion"]
+    assert coredns.inputs["addonVersion"] == versions.EKS_ADDONS[version]["coredns"]
+    assert "cluster-system" in waits_for(recording, coredns.name)
+
+
+def test_every_addon_that_runs_pods_waits_for_nodes(with_cloudwatch: Recording):
+    """CoreDNS, EBS CSI and CloudWatch run Deployments: created before a node, they are DEGRADED."""
+    for name in ("coredns", "aws-ebs-csi-driver", "amazon-cloudwatch-observability"):
+        assert "cluster-system" in waits_for(with_cloudwatch, addon(with_cloudwatch, name).name), name
+
+
+def test_node_groups_wait_for_the_node_role_policies_not_for_coredns(recording: Recording):
+    """A node that boots before its CNI/worker policies are attached never joins; the GPU nodes
+    start beside the system nodes instead of after CoreDNS."""
+    policies = {r.name for r in recording.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+                if r.name.startswith("cluster-node-role-")}
+    assert len(policies) == 4
+    for group in ("cluster-system", "gpu-gpu"):
+        assert policies <= waits_for(recording, group), group
+    assert "cluster-coredns" not in waits_for(recording, "gpu-gpu")
+
+
+# --------------------------------------------------------------------------- 3. zones
+
+
+def test_zone_problems_refuse_eks_unsupported_zone_ids_and_unoffered_gpu_azs():
+    """Checked against zone tables: names resolve to ids per account; the GPU AZ must offer the
+    instance type, and the message names where it is offered."""
+    settings = parse(raw_settings("p4de"), stack="p4de")
+    ids = {"us-east-1a": "use1-az3", "us-east-1b": "use1-az1", "us-east-1c": "use1-az2", "us-east-1d": "use1-az4"}
+    problems = {(p.key, p.value): p.fix for p in zone_problems(settings, ids, ["us-east-1c", "us-east-1d"])}
+    assert "use1-az3" in EKS_UNSUPPORTED_ZONE_IDS
+    assert "is zone use1-az3" in problems[("network.availabilityZones", "us-east-1a")]
+    assert "us-east-1c, us-east-1d" in problems[("gpuNodes.availabilityZone", "us-east-1a")]
+    assert len(problems) == 2
+    assert zone_problems(settings, ids | {"us-east-1a": "use1-az6"}, ["us-east-1a"]) == [], "the case that passes"
+
+
+def refused(config: dict, stack: str) -> tuple[str, list]:
+    mocks = AwsLikeMocks(config["aws:region"])
+    with pytest.raises(SettingsError) as info:
+        run_program(config, stack, mocks=mocks)
+    return str(info.value), mocks.registrations
+
+
+def test_preview_refuses_a_control_plane_zone_eks_does_not_support():
+    """Under mocks the AZ invoke answers from the example table (us-east-1e is use1-az3 there)."""
+    config = variant_config("p4de", network={"availabilityZones": ["us-east-1a", "us-east-1e"]})
+    message, created = refused(config, "p4de-az3")
+    assert "fsdp-eks:network.availabilityZones = 'us-east-1e': is zone use1-az3" in message
+    assert created == [], "refused before any resource"
+
+
+def test_preview_refuses_a_gpu_az_without_the_instance_type_and_names_where_it_is():
+    config = variant_config("p5", gpuNodes={"availabilityZone": "us-west-2b"})
+    message, created = refused(config, "p5-no-offer")
+    assert "fsdp-eks:gpuNodes.availabilityZone = 'us-west-2b': p5.48xlarge is not offered" in message
+    assert "offered in: us-west-2a, us-west-2c" in message
+    assert created == []
+
+
+def test_p4de_stack_file_carries_no_reservation_and_preview_asks_for_it():
+    """A made-up id passes preview and fails half an hour into `up`: the file has none, preview
+    says how to set yours, and only the offline plan fills in a labelled example."""
+    committed = offline.stack_file_config("p4de")["fsdp-eks:gpuNodes"]
+    assert "capacityReservationId" not in committed
+    raw = {k.split(":", 1)[1]: v for k, v in offline.stack_file_config("p4de").items() if k.startswith("fsdp-eks:")}
+    message = str(settings_error(raw, stack="p4de"))
+    assert "gpuNodes.capacityReservationId = None" in message
+    assert "pulumi config set --path gpuNodes.capacityReservationId" in message
+    assert stack_config("p4de")["fsdp-eks:gpuNodes"]["capacityReservationId"] == offline.EXAMPLE_RESERVATION_ID
+
+
+def test_the_offline_plan_labels_the_example_reservation(capsys):
+    examples = offline.offline_examples(offline.stack_file_config("p4de"))
+    assert examples == {"gpuNodes.capacityReservationId": offline.EXAMPLE_RESERVATION_ID}
+    offline.print_plan(Recording([]), "p4de", examples)
+    assert f"EXAMPLE value, offline plan only: gpuNodes.capacityReservationId = {offline.EXAMPLE_RESERVATION_ID}" in (
+        capsys.readouterr().out)
+    assert offline.offline_examples(offline.stack_file_config("p5")) == {}
+
+
+# --------------------------------------------------------------------------- 4. locked memory for EFA
+
+
+def node_config(recording: Recording) -> dict:
+    data = base64.b64decode(recording.one("aws:ec2/launchTemplate:LaunchTemplate", "gpu-lt").inputs["userData"])
+    [part] = [p for p in email.message_from_bytes(data).walk() if p.get_content_type() == "application/node.eks.aws"]
+    return yaml.safe_load(part.get_payload())
+
+
+def test_gpu_containers_get_unbounded_locked_memory_and_keep_the_amis_open_files(recording: Recording):
+    """Checked against nodeadm: base-runtime-spec.json sets only RLIMIT_NOFILE 65536/1048576, and
+    lists replace in its merge, so the whole list is written; MEMLOCK must beat any instance's RAM."""
+    rlimits = node_config(recording)["spec"]["containerd"]["baseRuntimeSpec"]["process"]["rlimits"]
+    by_type = {r["type"]: (r["soft"], r["hard"]) for r in rlimits}
+    assert by_type["RLIMIT_NOFILE"] == (65536, 1048576)
+    soft, hard = by_type["RLIMIT_MEMLOCK"]
+    assert soft == hard >= 2**50, "at least 1 PiB: more than any instance can lock"
+    assert node_config(recording)["spec"]["instance"]["localStorage"]["strategy"] == "RAID0"
+
+
+def test_every_rlimit_survives_nodeadms_float64_merge():
+    """nodeadm merges baseRuntimeSpec through json into map[string]interface{} (float64): a value
+    that does not round-trip (RLIM_INFINITY, 2**64-1, becomes 2**64) breaks containerd's uint64."""
+    for r in container_rlimits():
+        for key in ("soft", "hard"):
+            value = r[key]
+            assert json.loads(json.dumps(float(value))) == value and value < 2**64, (r["type"], key)
+
+
+def test_worker_stops_on_efa_with_a_small_memlock_limit_and_names_the_fix():
+    """Checked against awsome-distributed-training#647 (65536 KiB fails)."""
+    gib = 2**30
+    problem = dist.locked_memory_problem(65536 * 1024, efa=True, mem_total_bytes=2048 * gib)
+    assert problem and "ulimit -l) is 65536 KiB" in problem and "baseRuntimeSpec" in problem
+    assert dist.locked_memory_problem(dist.RLIM_INFINITY, efa=True, mem_total_bytes=2048 * gib) is None
+    assert dist.locked_memory_problem(10**18, efa=True, mem_total_bytes=2048 * gib) is None
+    assert dist.locked_memory_problem(65536 * 1024, efa=False, mem_total_bytes=2048 * gib) is None
+
+
+def test_worker_logs_ulimit_and_sees_efa_devices(tmp_path, capsys):
+    (tmp_path / "uverbs0").touch()
+    dist.check_locked_memory(tmp_path)
+    assert "ulimit -l: " in capsys.readouterr().err
+    assert dist.check_locked_memory(tmp_path / "none") is None, "no EFA device: no problem"
+
+
+def test_finetune_checks_locked_memory_before_anything_else(monkeypatch, capsys):
+    from training import finetune
+
+    monkeypatch.setattr(finetune, "check_locked_memory", lambda: "too little locked memory")
+    monkeypatch.setattr(finetune, "init_distributed", lambda: pytest.fail("joined the job before the check"))
+    assert finetune.main(["--max-steps", "1"]) == 1
+    assert "error: too little locked memory" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- 5. Helm and ordering
+
+
+def test_every_helm_release_waits_long_enough_for_a_node(recording: Recording):
+    for r in recording.of_type(HELM):
+        assert r.inputs["atomic"] is True and int(r.inputs["timeout"]) >= 600, r.name
+
+
+def test_every_in_cluster_layer_waits_for_system_nodes_and_dns(recording: Recording):
+    """The graph: every Kubernetes object and release waits for the system nodes and CoreDNS."""
+    in_cluster = [r for r in recording.resources if r.type.startswith("kubernetes:")
+                  and not r.type.startswith("pulumi:providers")]
+    assert len(in_cluster) > 10
+    for r in in_cluster:
+        assert {"cluster-system", "cluster-coredns"} <= waits_for(recording, r.name), f"{r.type} {r.name}"
+
+
+def test_device_plugins_wait_for_the_gpu_nodes(recording: Recording):
+    for r in recording.of_type(HELM):
+        if r.name.startswith("device-plugins-"):
+            assert "gpu-gpu" in waits_for(recording, r.name), r.name
+
+
+# --------------------------------------------------------------------------- 6. versions and cost
+
+
+def test_stacks_use_the_newest_version_with_a_support_end_and_every_pin():
+    newest = max(versions.SUPPORTED_KUBERNETES_VERSIONS, key=lambda v: tuple(map(int, v.split("."))))
+    assert versions.DEFAULT_KUBERNETES_VERSION == newest == "1.36"
+    for stack in ("p5", "p4de"):
+        assert stack_config(stack)["fsdp-eks:cluster"]["kubernetesVersion"] == newest, stack
+    names = set(versions.EKS_ADDONS["1.33"])
+    for version, pins in versions.EKS_ADDONS.items():
+        assert set(pins) == names, version
+        assert version in versions.STANDARD_SUPPORT_END, version
+
+
+def test_support_type_is_standard_unless_asked(recording: Recording):
+    """pulumi-eks defaults upgradePolicy to EXTENDED (about 6x the control plane)."""
+    assert recording.one("eks:index:Cluster").inputs["upgradePolicy"] == {"supportType": "STANDARD"}
+    extended = run_program(variant_config("p5", cluster={"supportType": "EXTENDED"}), "p5-extended")
+    assert extended.one("eks:index:Cluster").inputs["upgradePolicy"] == {"supportType": "EXTENDED"}
+    config = raw_settings("p5")
+    config["cluster"]["supportType"] = "LONG"
+    assert "cluster.supportType = 'LONG': use one of STANDARD, EXTENDED" in str(settings_error(config))
+
+
+def test_standard_support_warnings_on_2026_12_01():
+    """Checked against the EKS release calendar: 1.33 ended 2026-07-29, 1.34 ends 2026-12-02."""
+    today = date(2026, 12, 1)
+    assert "left EKS standard support on 2026-07-29" in versions.standard_support_warning("1.33", today)
+    assert "leaves EKS standard support on 2026-12-02 (1 days)" in versions.standard_support_warning("1.34", today)
+    assert versions.standard_support_warning("1.36", today) is None
+
+
+def test_preview_warns_on_a_version_past_standard_support(monkeypatch):
+    warned: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warned.append(message))
+    run_program(variant_config("p5", cluster={"kubernetesVersion": "1.33"}), "p5-old")
+    assert any("Kubernetes 1.33 left EKS standard support" in w for w in warned), warned
+
+
+# --------------------------------------------------------------------------- 7. destroy leaves nothing paid
+
+
+def test_control_plane_log_group_exists_before_the_cluster_with_a_retention(recording: Recording, stack: str):
+    [group] = recording.of_type("aws:cloudwatch/logGroup:LogGroup")
+    assert group.inputs["name"] == f"/aws/eks/fsdp-eks-{stack}/cluster"
+    assert int(group.inputs["retentionInDays"]) == 30
+    assert group.name in recording.one("eks:index:Cluster").dependencies
+    config = raw_settings("p5")
+    config["cluster"]["logRetentionDays"] = 31
+    assert "cluster.logRetentionDays = 31: use one of 1, 3, 5" in str(settings_error(config))
+
+
+def test_prometheus_volume_claim_is_deleted_before_the_ebs_csi_driver(recording: Recording):
+    """Destroy runs the graph in reverse: the release, then its claim (and volume), and only then
+    the StorageClass and the EBS CSI add-on that deletes the volume."""
+    [claim] = [r for r in recording.of_type("kubernetes:core/v1:PersistentVolumeClaim")
+               if r.name.startswith("observability-")]
+    kps = next(r for r in recording.of_type(HELM) if r.inputs["chart"] == versions.KUBE_PROMETHEUS_STACK.chart)
+    ebs = addon(recording, "aws-ebs-csi-driver")
+    assert claim.name in waits_for(recording, kps.name)
+    assert ebs.name in waits_for(recording, claim.name)
+    template = kps.inputs["values"]["prometheus"]["prometheusSpec"]["storageSpec"]["volumeClaimTemplate"]
+    # The StatefulSet adopts the claim by name: <template>-prometheus-<fullname>-prometheus-0.
+    assert claim.inputs["metadata"]["name"] == (
+        f"{template['metadata']['name']}-prometheus-{kps.inputs['values']['fullnameOverride']}-prometheus-0")
+    assert claim.inputs["spec"]["storageClassName"] == template["spec"]["storageClassName"]
+
+
+def test_readme_lists_what_destroy_can_leave_and_how_to_find_it():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    for command in ("aws ec2 describe-network-interfaces", "aws ec2 describe-vpc-endpoints",
+                    "aws ec2 describe-volumes", "aws logs describe-log-groups"):
+        assert command in section, command
+    checklist = readme.split("## First deployment checklist", 1)[1].split("\n## ", 1)[0]
+    for what in ("ulimit -l", "describe-instance-type-offerings", "describe-capacity-reservations", "helm"):
+        assert what in checklist, what
+
+
+# --------------------------------------------------------------------------- 11. names
+
+
+@pytest.mark.parametrize("section, key, value, fix", [
+    ("job", "namespace", "Training_Jobs", "a Kubernetes namespace name"),
+    ("job", "namespace", "x" * 64, "a Kubernetes namespace name: at most 63"),
+    ("storage", "existingClaimName", "Checkpoints", "give the name of a PersistentVolumeClaim"),
+    ("cluster", "existingClusterName", "-research", "an EKS cluster name"),
+    ("gpuNodes", "availabilityZone", "usw2-az3", "give an AZ name of the stack's region"),
+])
+def test_every_name_is_checked_against_its_api(section, key, value, fix):
+    config = raw_settings("p5")
+    config[section][key] = value
+    if key == "existingClaimName":
+        config["storage"] = {"existingClaimName": value}
+        config["cluster"]["existingClusterName"] = "research"
+    if key == "existingClusterName":
+        config["storage"] = {"existingClaimName": "checkpoints"}
+    assert f"fsdp-eks:{section}.{key} = {value!r}: {fix}" in str(settings_error(config))
+
+
+def test_an_az_of_another_region_is_refused():
+    config = raw_settings("p5")
+    config["network"]["availabilityZones"] = ["us-west-2a", "us-east-1b"]
+    message = str(settings_error(config))
+    assert "network.availabilityZones = 'us-east-1b': give an AZ name of the stack's region us-west-2" in message
+
+
+def test_the_stack_name_must_make_valid_aws_and_kubernetes_names():
+    """It prefixes the EKS cluster, the ECR repository (lower case) and a StorageClass (RFC 1123)."""
+    message = str(settings_error(raw_settings("p5"), stack="P5"))
+    assert "(stack name) = 'P5': 'fsdp-eks-P5'" in message and "pulumi stack rename" in message
+    assert parse(raw_settings("p5"), Secrets(hf_token="x", grafana_admin_password="y"), stack="p5-team").name == (
+        "fsdp-eks-p5-team")

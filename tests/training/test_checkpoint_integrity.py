@@ -1,0 +1,219 @@
+"""Damaged checkpoints: every kind of damage ends in a resume from the last sound checkpoint.
+
+In-process (a world of one, gloo) for the kinds of damage, and one 2-rank torchrun run that
+resumes past a damaged newest checkpoint with the uninterrupted run's losses.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tests.training.conftest import STEPS, assert_losses_close, train
+from training.checkpoint import (
+    COMPLETE_MARKER,
+    DAMAGED_PREFIX,
+    DCP_METADATA,
+    MANIFEST,
+    Checkpointer,
+    TrainerState,
+    complete_checkpoints,
+)
+from training.dist import init_distributed
+from training.errors import UserError
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def env(world_of_one):
+    env = init_distributed(timeout_s=30)
+    yield env
+    dist.destroy_process_group()
+
+
+def _job(width: int = 8):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(width, width), nn.Linear(width, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    trainer = TrainerState(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0))
+    return model, optimizer, trainer
+
+
+def _train_to(step: int, model, optimizer, trainer) -> None:
+    while trainer.step < step:
+        model(torch.randn(4, model[0].in_features)).square().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        trainer.step += 1
+
+
+def _weights(model) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _saved(root: Path, env, steps=(2, 4), async_save=False) -> dict[int, list[torch.Tensor]]:
+    """Checkpoints at `steps` of one job; returns the weights each holds."""
+    ckpt = Checkpointer(str(root), keep=len(steps), env=env, async_save=async_save)
+    model, optimizer, trainer = _job()
+    weights = {}
+    for step in steps:
+        _train_to(step, model, optimizer, trainer)
+        ckpt.save(step, model, optimizer, trainer, {})
+        weights[step] = _weights(model)
+    ckpt.close()
+    return weights
+
+
+def _shard(path: Path) -> Path:
+    return min(path.glob("__0_*.distcp"))
+
+
+def _flip_a_byte(file: Path) -> None:
+    data = bytearray(file.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    file.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "missing shard": (lambda p: _shard(p).unlink(), "__0_0.distcp is missing"),
+    "truncated shard": (lambda p: _shard(p).write_bytes(_shard(p).read_bytes()[:100]),
+                        "has 100 bytes"),
+    "corrupted shard (same size)": (lambda p: _flip_a_byte(_shard(p)), "does not match its CRC32"),
+    "corrupted DCP metadata": (lambda p: _flip_a_byte(p / DCP_METADATA),
+                               ".metadata does not match its CRC32"),
+    "corrupted manifest": (lambda p: (p / MANIFEST).write_text('{"files": {}}'),
+                           f"{MANIFEST} does not match the CRC32"),
+    "missing manifest": (lambda p: (p / MANIFEST).unlink(), f"{MANIFEST} is missing"),
+    "unreadable COMPLETE marker": (lambda p: (p / COMPLETE_MARKER).write_text('{"step": 4'),
+                                   f"{COMPLETE_MARKER} is unreadable"),
+}
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(kind, env, tmp_path, caplog):
+    """Checked against the weights each checkpoint was saved with: after damaging the newest
+    checkpoint (step 4) in one way, resume loads step 2's exact weights, warns naming the
+    damage and the step used instead, and keeps the damaged directory aside."""
+    saved = _saved(tmp_path, env)
+    damage, says = DAMAGE[kind]
+    damage(tmp_path / "step_00000004")
+    model, optimizer, trainer = _job()
+    with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
+        used = Checkpointer(str(tmp_path), 2, env).resume(model, optimizer, trainer)
+    assert used == tmp_path / "step_00000002" and trainer.step == 2
+    assert all(torch.equal(a, b) for a, b in zip(_weights(model), saved[2]))
+    assert says in caplog.text and "falling back to step 2" in caplog.text, caplog.text
+    aside = [p.name for p in tmp_path.iterdir() if p.name.startswith(DAMAGED_PREFIX)]
+    assert len(aside) == 1 and aside[0].startswith(f"{DAMAGED_PREFIX}step_00000004."), aside
+    assert [s for s, _ in complete_checkpoints(tmp_path)] == [2]
+
+
+def test_sound_checkpoints_load_the_newest_without_warnings(env, tmp_path, caplog):
+    """Checked against the saved weights (the case where nothing should change): no damage,
+    resume takes step 4, sets nothing aside and warns about nothing."""
+    saved = _saved(tmp_path, env)
+    model, optimizer, trainer = _job()
+    with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
+        Checkpointer(str(tmp_path), 2, env).resume(model, optimizer, trainer)
+    assert trainer.step == 4 and all(torch.equal(a, b) for a, b in zip(_weights(model), saved[4]))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == [] and not list(tmp_path.glob(f"{DAMAGED_PREFIX}*"))
+
+
+def test_every_checkpoint_damaged_starts_from_step_0_and_says_so(env, tmp_path, caplog):
+    """Checked against the fallback rule: with no sound checkpoint left, both are set aside
+    and the run starts from step 0 (with a warning), instead of failing every restart."""
+    _saved(tmp_path, env)
+    for step in (2, 4):
+        _shard(tmp_path / f"step_{step:08d}").unlink()
+    model, optimizer, trainer = _job()
+    with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
+        assert Checkpointer(str(tmp_path), 2, env).resume(model, optimizer, trainer) is None
+    assert trainer.step == 0 and "starting from step 0" in caplog.text
+    assert len(list(tmp_path.glob(f"{DAMAGED_PREFIX}*"))) == 2
+
+
+def test_a_checkpoint_without_manifest_is_checked_by_loading_it(env, tmp_path, caplog):
+    """Checked against DCP's own failure (a CheckpointException, a BaseException): a checkpoint
+    written before manifests existed, with a shard missing, is set aside and the previous one
+    loads; an intact one without manifest still loads (with a warning)."""
+    saved = _saved(tmp_path, env)
+    for step in (2, 4):
+        (tmp_path / f"step_{step:08d}" / MANIFEST).unlink()
+        (tmp_path / f"step_{step:08d}" / COMPLETE_MARKER).write_text(json.dumps({"step": step}))
+    _shard(tmp_path / "step_00000004").unlink()
+    model, optimizer, trainer = _job()
+    with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
+        Checkpointer(str(tmp_path), 2, env).resume(model, optimizer, trainer)
+    assert trainer.step == 2 and all(torch.equal(a, b) for a, b in zip(_weights(model), saved[2]))
+    assert "DCP cannot load it: CheckpointException" in caplog.text, caplog.text
+
+
+def test_an_intact_checkpoint_of_another_model_is_an_error_not_damage(env, tmp_path):
+    """Checked against the rule that only damage is set aside: a verified checkpoint that does
+    not fit the model (another width) raises a UserError naming the cause and moves nothing."""
+    _saved(tmp_path, env)
+    model, optimizer, trainer = _job(width=16)
+    with pytest.raises(UserError, match="intact .* does not load into this job"):
+        Checkpointer(str(tmp_path), 2, env).resume(model, optimizer, trainer)
+    assert [s for s, _ in complete_checkpoints(tmp_path)] == [2, 4]
+
+
+def test_async_checkpoint_is_complete_and_loadable(env, tmp_path):
+    """Checked against the weights at the save: an async save (dcp.async_save) that training
+    keeps running past is complete once closed, its manifest lists every file it holds, and
+    it loads the weights of the step it was taken at, not later ones."""
+    saved = _saved(tmp_path, env, steps=(3,), async_save=True)
+    path = tmp_path / "step_00000003"
+    manifest = json.loads((path / MANIFEST).read_text())["files"]
+    assert set(manifest) == {p.name for p in path.iterdir()} - {MANIFEST, COMPLETE_MARKER}
+    model, optimizer, trainer = _job()
+    Checkpointer(str(tmp_path), 1, env).resume(model, optimizer, trainer)
+    assert trainer.step == 3 and all(torch.equal(a, b) for a, b in zip(_weights(model), saved[3]))
+
+
+def test_async_save_pending_while_training_holds_the_staged_weights(env, tmp_path):
+    """Checked against the weights at the save: training steps run while an async save is
+    pending (poll() completes it), and the checkpoint holds the weights of its own step."""
+    ckpt = Checkpointer(str(tmp_path), 2, env, async_save=True)
+    model, optimizer, trainer = _job()
+    _train_to(2, model, optimizer, trainer)
+    ckpt.save(2, model, optimizer, trainer, {})
+    at_save = _weights(model)
+    _train_to(5, model, optimizer, trainer)  # the optimizer changes the weights meanwhile
+    for _ in range(200):  # poll() completes it once the background write is done
+        if ckpt.pending is None:
+            break
+        ckpt.poll()
+        time.sleep(0.05)
+    assert ckpt.pending is None, "the async save never completed"
+    ckpt.close()
+    fresh, optimizer, trainer = _job()
+    Checkpointer(str(tmp_path), 2, env).resume(fresh, optimizer, trainer)
+    assert trainer.step == 2 and all(torch.equal(a, b) for a, b in zip(_weights(fresh), at_save))
+
+
+def test_torchrun_resumes_past_a_damaged_newest_checkpoint(reference, tmp_path, tiny_cache):
+    """Checked against the uninterrupted reference run: a copy of its checkpoints with one
+    shard of the newest (step STEPS) deleted; a 2-rank torchrun run on that copy resumes from
+    step STEPS/2 with a warning naming the missing file, and steps STEPS/2+1..STEPS give the
+    reference's losses."""
+    n = STEPS // 2
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference.workdir / "ckpt", ckpt)
+    (ckpt / f"step_{STEPS:08d}" / "__1_0.distcp").unlink()
+    run = train(tmp_path, "--batch-size", "4", "--checkpoint-dir", str(ckpt),
+                "--checkpoint-every", str(n), cache=tiny_cache).check()
+    assert "__1_0.distcp is missing" in run.output and f"falling back to step {n}" in run.output
+    assert f"resumed from {ckpt}/step_{n:08d}" in run.output
+    assert sorted(run.steps()) == list(range(n + 1, STEPS + 1))
+    assert_losses_close(run.losses(), reference.losses()[n:], 1e-6, "resumed past damage")

@@ -1,0 +1,337 @@
+"""The data path in process: every format's masking token by token, packing against attention,
+the validation split, evaluation's row split, and every bad input's message.
+
+The tiny preset's tokenizer is byte-level (token = byte + 3, <s> = 1, </s> = 2), so the
+expected tokens and labels are written out by hand from the record's text."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.training.conftest import REPO, child_env, held_out
+from training import config as C
+from training import dataset, tiny
+from training.errors import UserError
+
+pytestmark = pytest.mark.timeout(120)
+IGNORE = dataset.IGNORE_INDEX
+BOS, EOS = 1, 2
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny.build_tokenizer()
+
+
+def ids(text: str) -> list[int]:
+    """The byte tokenizer by hand."""
+    return [b + tiny.BYTE_OFFSET for b in text.encode()]
+
+
+def expected(prompt: str, response: str, mask_prompt: bool = True) -> tuple[list[int], list[int]]:
+    """(inputs, labels) of `<s> prompt response </s>` alone in a row: label j is token j+1 when
+    that token is trained, -100 otherwise; the last token has no target."""
+    tokens = [BOS] + ids(prompt) + ids(response) + [EOS]
+    trained = [False] + [not mask_prompt] * len(ids(prompt)) + [True] * (len(ids(response)) + 1)
+    labels = [t if ok else IGNORE for t, ok in zip(tokens[1:], trained[1:])] + [IGNORE]
+    return tokens, labels
+
+
+def packed_row(records: list[dict], tokenizer, seq_len: int = 2048, **data) -> tuple[list, list]:
+    """(inputs, labels) of the first packed row of `records`, padding stripped."""
+    cfg = C.DataConfig(seq_len=seq_len, **data)
+    table = dataset.Table("test", records)
+    fmt = dataset.detect_format(table) if cfg.data_format == "auto" else cfg.data_format
+    examples = dataset.render_table(table, list(range(len(records))), fmt, cfg)
+    packed = dataset.pack_records(examples, tokenizer, cfg, fmt == "chat")
+    n = int((packed.positions[0] == 0).nonzero()[-1]) if len(records) == 1 else seq_len
+    return packed.inputs[0, :n].tolist(), packed.targets[0, :n].tolist()
+
+
+# ----------------------------------------------------------------------------- formats
+@pytest.mark.parametrize("record, data, prompt, response", [
+    ({"instruction": "Add.", "input": "2 and 3", "output": "5"}, {},
+     dataset.PROMPT_WITH_INPUT.format(instruction="Add.", input="2 and 3"), "5"),
+    ({"instruction": "Say hi.", "output": "hi"}, {},
+     dataset.PROMPT_NO_INPUT.format(instruction="Say hi."), "hi"),
+    ({"prompt": "Capital of France? ", "completion": "Paris"}, {}, "Capital of France? ", "Paris"),
+    ({"dialogue": "A: hi\nB: bye", "summary": "They greet.", "id": 3},
+     {"prompt_field": "dialogue", "response_field": "summary",
+      "prompt_template": "Summarize this dialog:\n{dialogue}\n---\nSummary:\n"},
+     "Summarize this dialog:\nA: hi\nB: bye\n---\nSummary:\n", "They greet."),
+    ({"q": "2+2?", "a": "4"}, {"prompt_field": "q", "response_field": "a"}, "2+2?", "4"),
+], ids=["alpaca", "alpaca-no-input", "prompt-completion", "fields-template", "fields-plain"])
+def test_single_turn_formats_mask_the_prompt_token_by_token(record, data, prompt, response,
+                                                           tokenizer):
+    """Checked against the byte tokenizer by hand: <s> prompt response </s>, labels -100 on
+    the prompt and the token before it, the response's tokens and </s> as labels."""
+    got = packed_row([record], tokenizer, **data)
+    assert got == expected(prompt, response)
+
+
+def test_text_format_trains_every_token_and_no_mask_prompt_trains_the_prompt(tokenizer):
+    """Checked against the byte tokenizer by hand: a `text` record is all response; with
+    --no-mask-prompt an alpaca prompt is trained too."""
+    assert packed_row([{"text": "whole doc"}], tokenizer) == expected("", "whole doc")
+    record = {"prompt": "Q? ", "completion": "A."}
+    assert packed_row([record], tokenizer, mask_prompt=False) == expected("Q? ", "A.", False)
+
+
+def test_chat_trains_on_both_assistant_turns_and_nothing_else(tokenizer):
+    """Checked against the tiny preset's chat template written out by hand
+    (<s><|role|>\\ncontent</s> per turn): the labels are exactly the two assistant turns'
+    content and </s>; system, user and the assistant headers carry -100."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "4"}]
+    inputs, labels = packed_row([{"messages": messages}], tokenizer)
+    pieces = [("<|system|>\nBe brief.", False), ("</s>", False), ("<|user|>\nHi", False),
+              ("</s>", False), ("<|assistant|>\n", False), ("Hello", True), ("</s>", True),
+              ("<|user|>\n2+2?", False), ("</s>", False), ("<|assistant|>\n", False),
+              ("4", True), ("</s>", True)]
+    tokens, trained = [BOS], [False]
+    for text, ok in pieces:
+        piece = [EOS] if text == "</s>" else ids(text)
+        tokens += piece
+        trained += [ok] * len(piece)
+    assert inputs == tokens
+    assert labels == [t if ok else IGNORE for t, ok in zip(tokens[1:], trained[1:])] + [IGNORE]
+    assert tokenizer.decode([t for t in labels if t != IGNORE]) == "Hello</s>4</s>"
+
+
+def test_auto_detection_prefers_structured_fields():
+    """Checked against the documented order: messages, then alpaca (tatsu-lab/alpaca also
+    carries a rendered `text`), prompt/completion, text."""
+    detect = lambda record: dataset.detect_format(dataset.Table("t", [record]))  # noqa: E731
+    assert detect({"messages": [], "text": "x"}) == "chat"
+    assert detect({"instruction": "i", "output": "o", "text": "rendered"}) == "alpaca"
+    assert detect({"prompt": "p", "completion": "c"}) == "prompt-completion"
+    assert detect({"text": "t"}) == "text"
+
+
+def test_prompt_field_implies_the_fields_format():
+    """Checked against the documented rule: --prompt-field/--response-field with the default
+    auto format mean fields; the command line round-trips."""
+    cfg = C.parse_args(["--prompt-field", "dialogue", "--response-field", "summary"])
+    assert cfg.data.data_format == "fields"
+    assert C.parse_args(C.to_argv(cfg)) == cfg
+
+
+# ----------------------------------------------------------------------------- packing
+def test_packed_document_has_the_loss_it_has_alone(tokenizer):
+    """Checked against the document alone: packed after another one in the same row, a
+    document's per-token losses on the tiny model equal its losses alone within 1e-5, because
+    its position ids restart and transformers masks attention per document. The same row
+    with ordinary positions (0..n-1, one causal block) differs by more than 1e-3: the check
+    can see cross-document attention."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**tiny.LLAMA_KWARGS)).eval()
+    first = expected("Below is a long first document. ", "It has many tokens to attend to.")
+    second = expected("Second: ", "short answer")
+    docs = [(first[0], [False] + [True] * (len(first[0]) - 1)),
+            (second[0], [False] + [True] * (len(second[0]) - 1))]
+    packed, alone = dataset.pack(docs, 128, 0), dataset.pack(docs[1:], 128, 0)
+    assert len(packed) == 1 and packed.positions[0, len(first[0])] == 0
+
+    def token_losses(data, positions):
+        with torch.no_grad():
+            hidden = model.model(input_ids=data.inputs, position_ids=positions,
+                                 use_cache=False).last_hidden_state
+            return torch.nn.functional.cross_entropy(
+                model.lm_head(hidden)[0], data.targets[0], reduction="none")
+
+    n0, n1 = len(first[0]), len(second[0])
+    ref = token_losses(alone, alone.positions)[:n1]
+    torch.testing.assert_close(token_losses(packed, packed.positions)[n0:n0 + n1], ref,
+                               rtol=0, atol=1e-5)
+    leaky = token_losses(packed, torch.arange(128)[None])[n0:n0 + n1]
+    assert (leaky - ref).abs().max() > 1e-3
+
+
+def test_rows_hold_whole_documents_and_long_ones_are_cut(tokenizer):
+    """Checked against the packing rule: documents are never split across rows; one longer
+    than --seq-len is cut to it and counted; padding carries no loss."""
+    docs = [([1] + [10] * 5, [False] + [True] * 5), ([1] + [11] * 5, [False] + [True] * 5),
+            ([1] + [12] * 20, [False] + [True] * 20)]
+    packed = dataset.pack(docs, 10, 0)
+    assert packed.inputs.tolist()[:2] == [[1] + [10] * 5 + [0] * 4, [1] + [11] * 5 + [0] * 4]
+    assert packed.inputs[2].tolist() == [1] + [12] * 9
+    assert packed.stats["examples_truncated"] == 1 and packed.stats["tokens_cropped"] == 11
+    assert (packed.targets[:2, 5:] == IGNORE).all()
+    assert packed.targets[0].tolist()[:5] == [10] * 5
+
+
+# ----------------------------------------------------------------------------- validation
+def test_validation_split_is_the_content_hash_rule():
+    """Checked against the documented rule computed here with hashlib: a record is held out
+    when SHA-256 of its canonical JSON is below --val-fraction; duplicates land together and
+    reordering the records does not move any."""
+    records = [{"text": f"record {i}"} for i in range(400)] + [{"text": "record 7"}]
+    train, val = dataset.split_off_validation(dataset.Table("t", records), 0.1)
+    assert [records[i] for i in val] == held_out(records, 0.1)
+    assert 20 < len(val) < 60 and sorted(train + val) == list(range(401))
+    assert (7 in val) == (400 in val)
+    shuffled = records[::-1]
+    _, val_reversed = dataset.split_off_validation(dataset.Table("t", shuffled), 0.1)
+    assert sorted(json.dumps(shuffled[i]) for i in val_reversed) == sorted(
+        json.dumps(records[i]) for i in val)
+
+
+def test_dataset_directory_with_validation_split(tmp_path):
+    """Checked against the `datasets` library loading a directory laid out like a Hub dataset
+    (train-/validation- parquet files written here): its validation split is the held-out set,
+    its train split is trained on, and an unknown --dataset-split names the ones it has."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, n in (("train", 6), ("validation", 2)):
+        rows = [{"dialogue": f"{split} {i}", "summary": f"s{i}"} for i in range(n)]
+        pq.write_table(pa.Table.from_pylist(rows), data / f"{split}-00000-of-00001.parquet")
+    cfg = C.DataConfig(dataset=str(data), prompt_field="dialogue", response_field="summary")
+    records = dataset.prepare(cfg, str(tmp_path / "cache"))
+    assert [segments[0][0] for segments in records.train] == [f"train {i}" for i in range(6)]
+    assert [segments[0][0] for segments in records.val] == ["validation 0", "validation 1"]
+    assert "split validation" in records.val_source
+    with pytest.raises(UserError, match="--dataset-split dev: .* has no such split; it has "
+                                        "train, validation"):
+        dataset.prepare(C.DataConfig(dataset=str(data), dataset_split="dev",
+                                     prompt_field="dialogue", response_field="summary"),
+                        str(tmp_path / "cache"))
+
+
+def test_dataset_without_held_out_split_uses_the_fraction():
+    """Checked against split_tables' contract: a DatasetDict with only `train` has no held-out
+    split (the fraction applies); one with `test` uses it."""
+    rows = [{"text": "a"}]
+    assert dataset.split_tables("d", {"train": rows}, "train")[1] is None
+    assert dataset.split_tables("d", {"train": rows, "test": rows}, "train")[1].name.endswith(
+        "split test")
+
+
+def test_evaluation_rows_cover_the_set_once_in_equal_batches():
+    """Checked against the definition: over the ranks every validation row is evaluated
+    exactly once, and every rank runs the same number of batches (FSDP's forward is
+    collective), padding with -1."""
+    for rows, world, batch in [(12, 2, 4), (5, 2, 4), (1, 4, 2), (9, 3, 1)]:
+        per_rank = [dataset.eval_rows(rows, world, r, batch) for r in range(world)]
+        assert len({len(b) for b in per_rank}) == 1
+        seen = [i for batches in per_rank for b in batches for i in b if i >= 0]
+        assert sorted(seen) == list(range(rows))
+        assert all(len(b) == batch for batches in per_rank for b in batches)
+
+
+# ----------------------------------------------------------------------------- bad inputs
+def _prepare(path, **data):
+    return dataset.prepare(C.DataConfig(dataset=str(path), **data), None)
+
+
+def test_broken_jsonl_line_names_file_and_line(tmp_path):
+    """Checked against the file written here: line 3 is cut short; the error names the file
+    and line 3 (not json's 'line 1 column ...')."""
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"text": "a"}\n\n{"text": "b\n{"text": "c"}\n')
+    with pytest.raises(UserError) as e:
+        _prepare(path)
+    assert f"--dataset {path}: line 3 is not valid JSON" in str(e.value)
+
+
+def test_broken_json_array_names_the_line(tmp_path):
+    path = tmp_path / "train.json"
+    path.write_text('[\n  {"text": "a"},\n  {"text": "b",}\n]\n')
+    with pytest.raises(UserError, match=rf"--dataset {path}: line 3 is not valid JSON"):
+        _prepare(path)
+
+
+@pytest.mark.parametrize("lines, data, message", [
+    (['{"instruction": "i", "output": "o"}', '{"instruction": "i2"}'], {},
+     r"record 2 \(line 2\): field 'output' is missing \(needed by the alpaca format\); the "
+     r"record has instruction"),
+    (['{"prompt": "p", "completion": "c"}', '', '{"prompt": "p", "completion": null}'], {},
+     r"record 2 \(line 3\): field 'completion' is null"),
+    (['{"dialogue": "d", "summary": "s"}', '{"dialog": "d", "summary": "s"}'],
+     {"prompt_field": "dialogue", "response_field": "summary"},
+     r"record 2 \(line 2\): field 'dialogue' is missing"),
+    (['{"messages": [{"role": "user", "content": "hi"}]}'], {},
+     r"record 1 \(line 1\): no message has role 'assistant'"),
+    (['{"messages": [{"role": "user"}]}'], {"data_format": "chat"},
+     r"record 1 \(line 1\): messages\[0\]: field 'content' is missing"),
+    (['{"question": "q", "answer": "a"}'], {}, r"record 1 \(line 1\): its fields \(answer, "
+     r"question\) match no known format"),
+    (['{"text": 5}'], {}, r"record 1 \(line 1\): field 'text' must be a string, got int 5"),
+    (['["a list"]'], {}, r"line 1 is a JSON list, not an object"),
+    (['{"a": "x", "b": "y"}'],
+     {"prompt_field": "a", "response_field": "b", "prompt_template": "{a} {c}"},
+     r"record 1 \(line 1\): --prompt-template names \{c\}, which the record lacks"),
+], ids=["alpaca-missing-output", "null-completion", "fields-typo", "chat-no-assistant",
+        "chat-no-content", "unknown-format", "wrong-type", "not-an-object", "template-field"])
+def test_bad_record_names_record_and_field(lines, data, message, tmp_path):
+    """Checked against the records written here: the error names the file, the record's
+    number and line, and what is missing or wrong."""
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=rf"--dataset {path}: {message}"):
+        _prepare(path, val_fraction=0, **data)
+
+
+def test_chat_needs_a_tokenizer_with_a_template(tokenizer):
+    """Checked against a tokenizer whose chat template is removed (Llama-2-7b-hf's is absent):
+    one message saying to use a chat model or another format."""
+    import copy
+
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None
+    messages = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]]
+    with pytest.raises(UserError, match="--data-format chat: the model's tokenizer has no chat "
+                                        "template"):
+        dataset.tokenize(messages, plain, True, chat=True)
+
+
+def _cli(tmp_path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "training.finetune", "--cache-dir", str(tmp_path / "cache"),
+         *flags], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("flag", ["--output-dir", "--checkpoint-dir"])
+def test_output_paths_that_are_files_are_refused_first(flag, tmp_path):
+    """Checked against the real entry point (one process): an --output-dir or
+    --checkpoint-dir that is a regular file ends the run with one error naming the flag,
+    before the data is read (the dataset named here does not exist, and that is not what is
+    reported) and before the model is fetched (the cache stays empty); the file is
+    untouched."""
+    existing = tmp_path / "model.bin"
+    existing.write_text("the user's file")
+    out = _cli(tmp_path, flag, str(existing), "--dataset", str(tmp_path / "missing.jsonl"))
+    assert out.returncode == 1, out.stderr[-2000:]
+    errors = [line for line in out.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and f"{flag} {existing}: exists and is not a directory" in errors[0]
+    assert existing.read_text() == "the user's file"
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.json"))
+    nested = _cli(tmp_path, flag, str(existing / "run1"))
+    assert f"{existing} is a file" in nested.stderr
+
+
+def test_keep_best_without_checkpoints_is_refused_first(tmp_path):
+    out = _cli(tmp_path, "--keep-best", "--dataset", str(tmp_path / "missing.jsonl"))
+    assert out.returncode == 1 and "--keep-best: needs --checkpoint-dir" in out.stderr
+
+
+def test_bad_record_fails_before_the_model_is_fetched(tmp_path):
+    """Checked against the real entry point: a record without its output field ends the run
+    with its record and line number, and the tiny model was never written to the cache."""
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"instruction": "i", "output": "o"}\n{"instruction": "j"}\n')
+    out = _cli(tmp_path, "--dataset", str(path))
+    assert out.returncode == 1
+    assert "record 2 (line 2): field 'output' is missing" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not any((tmp_path / "cache").rglob("config.json"))

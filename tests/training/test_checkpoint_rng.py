@@ -21,7 +21,7 @@ def test_a_checkpoint_restores_the_torch_and_python_rng(world_of_one, tmp_path):
     """Checked against the uninterrupted process: after a save, its next draws are recorded; a
     process that reseeds (as a restarted worker does at start-up) and loads the checkpoint
     draws the same numbers, from torch's generator and from Python's."""
-    env = init_distributed()
+    env = init_distributed(timeout_s=30)
     try:
         model = nn.Linear(4, 4)
         optimizer = torch.optim.AdamW(model.parameters())
@@ -29,13 +29,14 @@ def test_a_checkpoint_restores_the_torch_and_python_rng(world_of_one, tmp_path):
         torch.manual_seed(3)
         random.seed(3)
         torch.rand(7), random.random()  # the streams have moved on since their seeds
-        saved = Checkpointer(str(tmp_path), keep=1, env=env).save(
-            1, model, optimizer, TrainerState(scheduler), {})
+        writer = Checkpointer(str(tmp_path), keep=1, env=env, async_save=False)
+        writer.save(1, model, optimizer, TrainerState(scheduler), {})
+        writer.close()
         uninterrupted = (torch.rand(5), [random.random() for _ in range(3)])
 
         torch.manual_seed(11)
         random.seed(11)
-        Checkpointer(str(tmp_path), keep=1, env=env).load(saved, model, optimizer, TrainerState(scheduler))
+        assert Checkpointer(str(tmp_path), keep=1, env=env).resume(model, optimizer, TrainerState(scheduler))
         resumed = (torch.rand(5), [random.random() for _ in range(3)])
     finally:
         dist.destroy_process_group()

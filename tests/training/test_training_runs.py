@@ -55,18 +55,24 @@ def test_first_step_loss_and_gradient_match_a_plain_forward(reference, tiny_cach
     from tests.training.conftest import TINY_FLAGS
     from training import tiny
     from training.config import parse_args
-    from training.dataset import IGNORE_INDEX, StepSampler, load_records, pack
+    from training.dataset import IGNORE_INDEX, StepSampler, pack_records, prepare
 
     cfg = parse_args([*TINY_FLAGS, "--batch-size", "4"])
     model_dir = tiny.directory(str(tiny_cache), SEED)
-    data = pack(load_records(cfg.data, None), AutoTokenizer.from_pretrained(model_dir),
-                cfg.data.seq_len, cfg.data.mask_prompt)
+    records = prepare(cfg.data, None)
+    data = pack_records(records.train, AutoTokenizer.from_pretrained(model_dir), cfg.data, records.fmt == "chat")
     global_batch = 2 * cfg.train.batch_size  # the reference's 2 ranks, no accumulation
-    (blocks,), _, _ = StepSampler(len(data), 1, 0, global_batch, 1, cfg.train.seed).next_step(0, 0)
-    inputs, targets = data.inputs[blocks], data.targets[blocks]
+    (rows,), _, _ = StepSampler(len(data), 1, 0, global_batch, 1, cfg.train.seed).next_step(0, 0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    logits = model(inputs).logits
-    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+    total, count = torch.zeros(()), 0
+    for row in rows.tolist():  # each packed document on its own: its positions restart at 0
+        starts = (data.positions[row] == 0).nonzero().flatten().tolist() + [data.positions.shape[1]]
+        for a, b in zip(starts, starts[1:]):
+            targets = data.targets[row, a:b]
+            logits = model(data.inputs[row, a:b][None]).logits[0]
+            total = total + F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+            count += int((targets != IGNORE_INDEX).sum())
+    loss = total / count
     loss.backward()
     grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
     first = reference.steps()[1]

@@ -89,14 +89,7 @@ def run_estimate(run: dict) -> float:
                     loss=run["loss"], precision="fp8" if run["fp8"] else "bf16").total
 
 
-FLOAT8_UNDER_ESTIMATED = pytest.mark.xfail(strict=True, reason=(
-    "found by this test: FLOAT8_ACTIVATION_FACTOR (24.9 / 39.0, measured on all activations and "
-    "transients) scales only the per-layer term, so the float8 estimate falls below the measured peak "
-    "(88.8 < 89.0 GiB, 99.9 < 101.5 GiB); fix the factor, then this mark goes"))
-
-
-@pytest.mark.parametrize("run", [pytest.param(r, marks=FLOAT8_UNDER_ESTIMATED if r["fp8"] else ())
-                                 for r in measured_runs() if r.get("allocator") == PACKAGE_ALLOCATOR],
+@pytest.mark.parametrize("run", [r for r in measured_runs() if r.get("allocator") == PACKAGE_ALLOCATOR],
                          ids=lambda r: r["tag"] + "-" + r["date"][11:19])
 def test_the_estimate_covers_each_measured_run_within_15_percent(run: dict):
     """Checked against the measured runs (docs/benchmarks/h200/*.json, 2 x H200, peak reserved
@@ -220,13 +213,15 @@ def test_the_budget_is_90_percent_of_the_gpu():
 
 def test_float8_stores_the_measured_fraction_of_activations():
     """Checked against the 2 x H200 measurement (docs/performance.md): float8 linears left 24.9
-    GiB of activations and transients where bf16 left 39.0 (7B, batch 3, no AC, compile); the
-    model state is the same (fp32 masters and AdamW states either way)."""
+    GiB of activations where bf16 left 39.0 (7B, batch 3, no AC, compile): the estimate stores
+    less than bf16 but never less than that measured fraction (it errs high: the transients of
+    the casts come on top, see the measured-run test above); the model state is the same (fp32
+    masters and AdamW states either way)."""
     s = model_shape("meta-llama/Llama-2-7b-hf", None)
     common = dict(sharding="FULL_SHARD", nodes=1, gpus_per_node=2, batch_size=3, seq_len=4096,
                   activation_checkpointing="none", compile=True)
     bf16, fp8 = estimate(s, **common), estimate(s, precision="fp8", **common)
-    assert fp8.activations / bf16.activations == pytest.approx(24.9 / 39.0)
+    assert 24.9 / 39.0 <= fp8.activations / bf16.activations < 1
     assert fp8.states == bf16.states
 
 

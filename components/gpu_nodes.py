@@ -22,7 +22,9 @@ from components.settings import GpuNodeSettings
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
 """Keeps everything but GPU workloads (and the daemons that tolerate it) off the GPU nodes."""
 GPU_LABELS = {"nvidia.com/gpu": "true", "vpc.amazonaws.com/efa.present": "true"}
-"""The NVIDIA device plugin and DCGM exporter select the first, the EFA plugin the second."""
+"""Labels of the node group this stack creates. The device plugins and DCGM exporter do not
+select on them: they require the instance type (``gpu_node_placement``), which an existing
+cluster's GPU nodes carry too."""
 
 MEMLOCK_LIMIT = 10**18
 """Locked-memory limit of every container on the GPU nodes, bytes: 1 EB, far above any

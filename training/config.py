@@ -263,7 +263,9 @@ class OptimConfig(_Section):
             (self.warmup_steps >= 0, "warmup_steps", f"must be >= 0, got {self.warmup_steps}"),
             (0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio",
              f"must be in [0, 1], got {self.min_lr_ratio}"),
-            (self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}"),
+            # An infinite decay turns every weight into inf/nan at the first step.
+            (0 <= self.weight_decay < float("inf"), "weight_decay",
+             f"must be a finite number >= 0, got {self.weight_decay}"),
             (self.max_grad_norm >= 0, "max_grad_norm", f"must be >= 0, got {self.max_grad_norm}"),
         )
 

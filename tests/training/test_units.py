@@ -72,6 +72,7 @@ def test_contract_flags_exist():
     (["--batch-size", "0"], "--batch-size"), (["--metrics-port", "70000"], "--metrics-port"),
     (["--hsdp-shard-size", "2"], "--hsdp-shard-size"), (["--keep-checkpoints", "0"],
                                                          "--keep-checkpoints"),
+    (["--weight-decay", "inf"], "--weight-decay"),
 ])
 def test_bad_values_name_the_flag(argv, flag, capsys):
     """Checked against the rule 'a user mistake names the setting to change'."""

@@ -86,6 +86,13 @@ def _coerce(value: Any, hint: Any, key: str, problems: list[Problem]) -> Any:
     return value
 
 
+def _null_allowed(value: Any, hint: Any) -> bool:
+    """``value`` is null and the field takes null (``maxSteps: null``). A null where the field
+    does not (``nodes:`` left empty) is a problem ``_coerce`` reported: the field is left out, so
+    the rules still run on its default instead of failing on None."""
+    return value is None and type(None) in typing.get_args(hint)
+
+
 def _parse_dataclass(raw: Any, cls: type, key: str, problems: list[Problem]) -> Any:
     """Build ``cls`` from a camelCase mapping; unknown keys and wrong types become problems."""
     if not isinstance(raw, Mapping):
@@ -101,7 +108,7 @@ def _parse_dataclass(raw: Any, cls: type, key: str, problems: list[Problem]) -> 
             problems.append(Problem(f"{key}.{raw_key}", value, f"unknown key; known: {known}"))
             continue
         coerced = _coerce(value, hints[name], f"{key}.{raw_key}", problems)
-        if coerced is not None or value is None:
+        if coerced is not None or _null_allowed(value, hints[name]):
             kwargs[name] = coerced
     missing = [
         n
@@ -151,7 +158,7 @@ def _parse_training(raw: Mapping[str, Any], problems: list[Problem]) -> training
                                     "set by the stack (the pod's volumes and ports): remove it"))
             continue
         coerced = _coerce(value, hints[name], f"job.{raw_key}", problems)
-        if coerced is not None or value is None:
+        if coerced is not None or _null_allowed(value, hints[name]):
             values[name] = coerced
     try:
         return training_config.from_fields(values)

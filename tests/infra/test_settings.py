@@ -245,6 +245,26 @@ def test_paths_and_ports_of_the_pod_are_not_stack_keys(key):
     assert f"job.{key} = '/somewhere': set by the stack" in errors(config)
 
 
+@pytest.mark.parametrize("section, key, fix", [
+    ("job", "nodes", "must be a whole number"), ("job", "seqLen", "must be a whole number"),
+    ("job", "sharding", "use one of FULL_SHARD"), ("gpuNodes", "minSize", "must be a whole number"),
+    ("observability", "prometheusRetention", "must be a string"),
+])
+def test_an_empty_value_is_named_not_a_traceback(section, key, fix):
+    """Checked against YAML: ``key:`` with nothing after it is null. Where the key does not take
+    null, that is a problem naming it (before: the rules ran on None and raised TypeError/KeyError)."""
+    config = raw("p5")
+    config[section][key] = None
+    assert f"{section}.{key} = None: {fix}" in errors(config)
+
+
+def test_a_null_is_kept_where_the_key_takes_it():
+    """``job.maxSteps: null`` is its default (no step limit), not a problem."""
+    config = raw("p5")
+    config["job"]["maxSteps"] = None
+    assert parse(config).job.training.train.max_steps is None
+
+
 def test_a_training_key_of_the_wrong_type_is_named_once():
     config = raw("p5")
     config["job"]["seqLen"] = "long"

@@ -15,6 +15,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,24 +23,46 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.tensor import DTensor
 
 from training import hub
 from training.checkpoint import EVAL_LOSS_KEY, Checkpointer, TrainerState
 from training.config import JobConfig, OptimConfig, flag, parse_args
-from training.dataset import (IGNORE_INDEX, PackedData, Records, StepSampler, eval_rows,
-                              pack_records, prepare)
+from training.dataset import (
+    IGNORE_INDEX,
+    PackedData,
+    Records,
+    StepSampler,
+    eval_rows,
+    pack_records,
+    prepare,
+)
 from training.dist import DistEnv, all_sum, check_locked_memory, init_distributed
 from training.errors import OOM_ADVICE, UserError
 from training.export import export_hf
 from training.loss import install_loss_forward
-from training.metrics import (JsonLines, device_name, dtype_name, eval_metrics, eval_summary,
-                              model_flops, peak_flops, step_metrics, summarize)
+from training.metrics import (
+    JsonLines,
+    device_name,
+    dtype_name,
+    eval_metrics,
+    eval_summary,
+    model_flops,
+    peak_flops,
+    step_metrics,
+    summarize,
+)
 from training.model import allocate, build_meta_model, load_weights, set_sdpa_backend
-from training.parallel import (DTYPES, build_mesh, compute_dtype, float8_post_step, parallelize,
-                              set_requires_gradient_sync)
+from training.parallel import (
+    DTYPES,
+    build_mesh,
+    compute_dtype,
+    float8_post_step,
+    parallelize,
+    set_requires_gradient_sync,
+)
 from training.prometheus import NoMetrics, TrainingMetrics
 
 log = logging.getLogger("training")
@@ -74,6 +97,12 @@ def setup_logging(env: DistEnv) -> None:
     transformers.utils.logging.disable_progress_bar()  # our own log lines say what loads
 
 
+def _file_in_the_way(paths: Sequence[Path]) -> Path | None:
+    """The first of ``paths`` that exists and is not a directory (so nothing can be created
+    inside it), or None."""
+    return next((p for p in paths if p.exists() and not p.is_dir()), None)
+
+
 def _check_paths(cfg: JobConfig) -> None:
     """Refuse output paths that cannot be used, before any data is read or model built: an
     existing file (or a file among the parents) where a directory must go, a directory where
@@ -83,7 +112,7 @@ def _check_paths(cfg: JobConfig) -> None:
         if value is None:
             continue
         path = Path(value).expanduser()
-        blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        blocking = _file_in_the_way([path, *path.parents])
         if blocking is not None:
             what = "" if blocking == path else f": {blocking} is a file"
             raise UserError(f"{flag(name)} {value}: exists and is not a directory{what}; give "
@@ -91,6 +120,10 @@ def _check_paths(cfg: JobConfig) -> None:
     metrics = cfg.metrics.metrics_file
     if metrics is not None and Path(metrics).expanduser().is_dir():
         raise UserError(f"--metrics-file {metrics}: is a directory; give a file path")
+    blocking = None if metrics is None else _file_in_the_way(Path(metrics).expanduser().parents)
+    if blocking is not None:
+        raise UserError(f"--metrics-file {metrics}: {blocking} is a file, not a directory; give "
+                        "a file path whose directories can be created")
     if c.keep_best and c.checkpoint_dir is None:
         raise UserError("--keep-best: needs --checkpoint-dir (the best checkpoint is kept there "
                         "and exported at the end)")

@@ -320,6 +320,18 @@ def test_output_paths_that_are_files_are_refused_first(flag, tmp_path):
     assert f"{existing} is a file" in nested.stderr
 
 
+def test_metrics_file_under_a_file_is_refused_first(tmp_path):
+    """Checked against the real entry point: a --metrics-file whose directory is a regular file
+    ends the run with one error naming the flag and that file, before the data is read (before:
+    a FileExistsError traceback from rank 0 after the model was loaded)."""
+    existing = tmp_path / "notes.txt"
+    existing.write_text("the user's file")
+    out = _cli(tmp_path, "--metrics-file", str(existing / "m.jsonl"),
+               "--dataset", str(tmp_path / "missing.jsonl"))
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert f"--metrics-file {existing / 'm.jsonl'}: {existing} is a file" in out.stderr
+
+
 def test_keep_best_without_checkpoints_is_refused_first(tmp_path):
     out = _cli(tmp_path, "--keep-best", "--dataset", str(tmp_path / "missing.jsonl"))
     assert out.returncode == 1 and "--keep-best: needs --checkpoint-dir" in out.stderr

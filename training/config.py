@@ -265,7 +265,7 @@ class OptimConfig(_Section):
              f"must be in [0, 1], got {self.min_lr_ratio}"),
             # An infinite decay turns every weight into inf/nan at the first step.
             (0 <= self.weight_decay < float("inf"), "weight_decay",
-             f"must be a finite number >= 0, got {self.weight_decay}"),
+             f"must be >= 0 and finite, got {self.weight_decay}"),
             (self.max_grad_norm >= 0, "max_grad_norm", f"must be >= 0, got {self.max_grad_norm}"),
         )
 

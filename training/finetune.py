@@ -25,7 +25,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.elastic.multiprocessing.errors import record
-from torch.distributed.tensor import DTensor
 
 from training import hub
 from training.checkpoint import EVAL_LOSS_KEY, Checkpointer, TrainerState
@@ -55,11 +54,11 @@ from training.metrics import (
     summarize,
 )
 from training.model import allocate, build_meta_model, load_weights, set_sdpa_backend
+from training.optim import build_optimizer, clip_and_step
 from training.parallel import (
     DTYPES,
     build_mesh,
     compute_dtype,
-    float8_post_step,
     parallelize,
     set_requires_gradient_sync,
 )
@@ -200,22 +199,6 @@ def build_model(cfg: JobConfig, model_dir: Path, env: DistEnv) -> nn.Module:
     return model
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig,
-                    device: torch.device) -> torch.optim.Optimizer:
-    """AdamW (fused on CUDA); weight decay on matrices only; float8 all-gathers' scales are
-    computed after each step."""
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(0.9, 0.95), eps=1e-8,
-                                  fused=device.type == "cuda")
-    post_step = float8_post_step(model)
-    if post_step is not None:
-        optimizer.register_step_post_hook(post_step)
-    return optimizer
-
-
 class WarmupCosine:
     """LR factor: linear warm-up to 1 over `warmup` steps, cosine down to `min_ratio` at the
     last step. A callable object, so LambdaLR's state_dict carries its fields."""
@@ -265,10 +248,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
             scale = (env.world_size / targets).float()
         (loss * scale).backward()
         loss_sum += loss.detach()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm or math.inf)
-    if isinstance(grad_norm, DTensor):
-        grad_norm = grad_norm.full_tensor()
-    optimizer.step()
+    grad_norm = clip_and_step(model, optimizer, max_grad_norm)
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     dist.all_reduce(loss_sum)

@@ -144,20 +144,28 @@ def apply_fsdp(model: nn.Module, layers: nn.ModuleList, mesh: DeviceMesh,
 
 class LocalMixedPrecision:
     """FSDP2's MixedPrecisionPolicy(param_dtype, reduce_dtype=float32) for a model that is not
-    sharded (world size 1), without FSDP's buffers and collectives.
+    sharded (world size 1), without FSDP's buffers and collectives; paired with
+    `optim.LocalAdamW`, which consumes its gradients and refreshes its copies.
 
     Between steps the module's parameters are the fp32 master weights (what the optimizer,
-    checkpoints and the export see). A forward pre-hook on the root swaps each parameter's data
-    for a `param_dtype` copy (one cast per parameter, once per step: gradient-accumulation
-    micro-batches reuse it). As each parameter's gradient is accumulated in backward, a hook
-    adds it in fp32 to the step's gradient and, on the micro-batch that syncs
-    (`set_requires_gradient_sync(True)`, as with FSDP), swaps the fp32 master back in and
-    hands it the fp32 gradient, so the low-precision copy is freed as backward proceeds.
-    The arithmetic is FSDP's at world size 1: the same bf16 values in every matmul, the same
-    bf16 gradients cast to fp32, summed in fp32 over micro-batches (tested against the FSDP path
-    in tests/training/test_units.py). Float8 linears keep their fp32 weights: torchao casts
-    them to float8 directly, so a bf16 copy would be one more pass for nothing. Memory: the compute-dtype copy of every parameter
-    lives from the first forward to its gradient (as with SHARD_GRAD_OP), 2 B per parameter.
+    checkpoints, the evaluation's callers and the export see). A forward pre-hook on the root
+    swaps each parameter's data for its `param_dtype` copy: the one the optimizer wrote when it
+    last updated the master, or a cast of the master the first time. Gradient-accumulation
+    micro-batches reuse the copies. As each parameter's gradient is accumulated in backward,
+    a hook keeps it for the optimizer (as computed when one micro-batch makes the step, else
+    summed in fp32 over micro-batches, as FSDP's `reduce_dtype`) and, on the micro-batch that
+    syncs (`set_requires_gradient_sync(True)`, as with FSDP), swaps the fp32 master back in.
+    A forward without autograd (evaluation) swaps the masters back at its end. `.grad` stays
+    None: a bf16 gradient cannot be the `.grad` of an fp32 parameter, and casting it would be
+    one more pass over memory that the optimizer's kernel does for free.
+
+    Invariant: a kept copy equals the master cast to `param_dtype`; only the optimizer writes
+    the masters after the first forward, and it writes both. The arithmetic is FSDP's at world
+    size 1: the same bf16 values in every matmul (float8 linears cast the same bf16 weights to
+    float8, as under FSDP), the same gradients in fp32 (tested against the FSDP path in
+    tests/training/test_units.py). Memory: the compute-dtype copy of every parameter, 2 B per
+    parameter, is kept between steps; in exchange no fp32 gradient is allocated when one
+    micro-batch makes the step.
     """
 
     def __init__(self, model: nn.Module, param_dtype: torch.dtype):
@@ -165,47 +173,68 @@ class LocalMixedPrecision:
         self.param_dtype = param_dtype
         self.params: list[nn.Parameter] = []  # taken at the first forward: `to_empty` replaces
         self.masters: dict[nn.Parameter, torch.Tensor] = {}  # swapped out: param -> fp32 data
-        self.grads: dict[nn.Parameter, torch.Tensor] = {}  # fp32 sums of unsynced micro-batches
+        self.copies: dict[nn.Parameter, torch.Tensor] = {}  # swapped out: param -> its copy
+        self.grads: dict[nn.Parameter, torch.Tensor] = {}  # for the optimizer, or summing
         self.sync = True
         model.register_forward_pre_hook(self._swap_in)
+        model.register_forward_hook(self._after_forward)
         _LOCAL[model] = self
 
     @torch.no_grad()
     def _swap_in(self, *_):
         if not self.params:  # the meta model's parameters, replaced when it was allocated
-            model = self.model()
-            float8 = {id(p) for m in model.modules() if type(m).__name__ == "Float8Linear"
-                      for p in m.parameters(recurse=False)}
-            # float8 linears cast their fp32 weight to float8 themselves: a bf16 copy first
-            # would only add a pass over it (and one over its gradient)
-            self.params = [p for p in model.parameters()
-                           if p.requires_grad and id(p) not in float8]
+            self.params = [p for p in self.model().parameters() if p.requires_grad]
             for p in self.params:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
         if self.masters:  # a later micro-batch of the same step: the copies are in place
             return
         for p in self.params:
-            if p.grad is not None:  # not zeroed since the last step: keep adding to it
-                self.grads[p], p.grad = p.grad, None
+            copy = self.copies.pop(p, None)
             self.masters[p] = p.data
-            p.data = p.data.to(self.param_dtype)
+            p.data = p.data.to(self.param_dtype) if copy is None else copy
+
+    def _after_forward(self, *_):  # not under no_grad: it asks whether autograd is on
+        if torch.is_grad_enabled():  # backward will swap each master back as its grad is ready
+            return
+        for p in self.params:
+            if p in self.masters:
+                self.copies[p] = p.data
+                p.data = self.masters.pop(p)
 
     @torch.no_grad()
     def _grad_ready(self, p: nn.Parameter) -> None:
         grad, p.grad = p.grad, None
         total = self.grads.pop(p, None)
-        total = grad.to(torch.float32) if total is None else total.add_(grad)
-        if not self.sync:
-            self.grads[p] = total
-            return
-        p.data = self.masters.pop(p)
-        p.grad = total
+        if total is not None:
+            grad = total.float().add_(grad)
+        elif not self.sync:  # the first of several micro-batches: sum them in fp32
+            grad = grad.float()
+        self.grads[p] = grad
+        if self.sync:
+            self.copies[p] = p.data
+            p.data = self.masters.pop(p)
+
+    def grad_of(self, p: nn.Parameter) -> torch.Tensor | None:
+        """The step's gradient of `p` (bf16 or fp32), once its last micro-batch is done."""
+        return None if p in self.masters else self.grads.get(p)
+
+    def copy_of(self, p: nn.Parameter) -> torch.Tensor | None:
+        """The compute-dtype copy of `p` that must follow its master, if one is kept."""
+        return self.copies.get(p)
+
+    def drop_grads(self) -> None:
+        self.grads.clear()
 
     def set_requires_gradient_sync(self, sync: bool) -> None:
         self.sync = sync
 
 
 _LOCAL: "weakref.WeakKeyDictionary[nn.Module, LocalMixedPrecision]" = weakref.WeakKeyDictionary()
+
+
+def local_mixed_precision(model: nn.Module) -> LocalMixedPrecision | None:
+    """The model's local mixed precision, if `parallelize` gave it one."""
+    return _LOCAL.get(model)
 
 
 def set_requires_gradient_sync(model: nn.Module, sync: bool) -> None:

@@ -1,5 +1,7 @@
 """Pair table of one device call: `ours-NAME` (training.bench) beside `titan-NAME`
-(peer_torchtitan.py), ratio = ours / torchtitan tokens/s/GPU.  python peer_table.py DIR"""
+(peer_torchtitan.py), ratio = ours / torchtitan tokens/s/GPU; and where `ours-NAME-fsdp`
+ran too (fully_shard at world size 1 with PyTorch's fused AdamW), how far the local path's
+losses are from it, step by step.  python peer_table.py DIR"""
 
 import glob
 import sys
@@ -32,6 +34,13 @@ def main(folder: str) -> None:
                   f"{peer['memory_gib']['peak_allocated']:.1f} |")
         else:
             print(f"| {tag[5:]} | {ours:,.0f} | - | - | {mem:.1f} | - |")
+    for tag, r in runs.items():
+        fsdp = runs.get(tag + "-fsdp")
+        if tag.startswith("ours-") and fsdp:
+            diffs = [abs(a - b) / abs(b) for a, b in zip(r["losses"], fsdp["losses"])]
+            print(f"{tag} vs {tag}-fsdp: {len(diffs)} losses, largest relative difference "
+                  f"{max(diffs):.2e} (step {diffs.index(max(diffs)) + 1}); tokens/s ratio "
+                  f"{r['perf/tokens_per_s_per_gpu'] / fsdp['perf/tokens_per_s_per_gpu']:.3f}")
 
 
 if __name__ == "__main__":

@@ -59,8 +59,7 @@ phasepeer() {
   ours ours-16l-none-fsdp 100 $SHAPE --layers 16 --activation-checkpointing none --compile --fsdp-at-world-1
 }
 
-phaseconv() {  # float8 convergence on the Brown corpus (fp8_convergence.py), the checkpoint
-  # cost of issue 16, and the float8 pair again after the float8-weight change
+convergence() {  # float8 against bf16 on the Brown corpus (fp8_convergence.py): bf16, float8, bf16
   local conv=/tmp/conv; mkdir -p $conv
   $PY benchmarks/fp8_convergence.py make $conv/model >>"$LOG" 2>&1
   local common="--model $conv/model --dataset $HERE/data/brown.jsonl --seq-len 1024 --batch-size 8 \
@@ -75,6 +74,11 @@ phaseconv() {  # float8 convergence on the Brown corpus (fp8_convergence.py), th
   $PY benchmarks/fp8_convergence.py compare "$WORK/json/conv-summary.json" "$WORK/json/conv-bf16.jsonl" \
     "$WORK/json/conv-fp8.jsonl" "$WORK/json/conv-bf16_again.jsonl" 2>&1 | tee -a "$LOG"
   pack
+}
+
+phaseconv() {  # float8 convergence, the checkpoint cost of issue 16, and the float8 pair again
+  # after the float8-weight change
+  convergence
   df -h /tmp | tee -a "$LOG"
   ours ckpt-7b-8l-fsdp 200 --shape llama2-7b --layers 8 --seq-len 4096 --batch-size 3 --bench-steps 5 \
     --bench-warmup 2 --activation-checkpointing none --compile --fsdp-at-world-1 --checkpoint-cost /tmp/ckpt
@@ -106,6 +110,30 @@ phasefinal() {  # the bf16 pairs after the compiled gradient cast
   titan titan-16l-none 100 --layers 16 --ac none
   ours ours-7b-full 100 $SHAPE --activation-checkpointing full --compile
   titan titan-7b-full 100 --layers 32 --ac full
+}
+
+phasefused() {  # the pairs after the fused world-size-1 step (training/optim.py): recompiles
+  # logged, one profiled step of ours, and the FSDP-at-world-1 run whose losses the local
+  # path must repeat
+  TORCH_LOGS=recompiles ours ours-16l-none 100 $SHAPE --layers 16 --activation-checkpointing none --compile --profile-steps 1
+  titan titan-16l-none 100 --layers 16 --ac none
+  ours ours-7b-full 110 $SHAPE --activation-checkpointing full --compile
+  titan titan-7b-full 110 --layers 32 --ac full
+  ours ours-16l-fp8 100 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8
+  titan titan-16l-fp8 100 --layers 16 --ac none --float8
+  ours ours-16l-none-fsdp 100 $SHAPE --layers 16 --activation-checkpointing none --compile --fsdp-at-world-1
+}
+
+phaseexp2() {  # the optimizer step alone (fused_step_bench.py), the three pairs with the exp2
+  # update, one profiled float8 step of each side, and the float8 convergence on the new path
+  run_limited step-bench 90 $PY benchmarks/fused_step_bench.py --layers 16 --steps 5
+  ours ours-16l-none 100 $SHAPE --layers 16 --activation-checkpointing none --compile
+  titan titan-16l-none 100 --layers 16 --ac none
+  ours ours-7b-full 110 $SHAPE --activation-checkpointing full --compile
+  titan titan-7b-full 110 --layers 32 --ac full
+  ours ours-16l-fp8 100 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8 --profile-steps 1
+  titan titan-16l-fp8 100 --layers 16 --ac none --float8 --profile-steps 1
+  convergence
 }
 
 "phase$PHASE"

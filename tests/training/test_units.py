@@ -300,7 +300,8 @@ def test_out_of_memory_message(monkeypatch, capsys, world_of_one):
 def _steps_at_world_of_one(env, fsdp: bool, argv: list[str], steps: int = 4) -> list[tuple]:
     from transformers import LlamaConfig
 
-    from training.finetune import build_optimizer, parallelize_model, train_step
+    from training.finetune import parallelize_model, train_step
+    from training.optim import build_optimizer
     from training.model import init_random_, meta_model_from_config
 
     cfg = C.parse_args(argv)
@@ -325,10 +326,15 @@ def _steps_at_world_of_one(env, fsdp: bool, argv: list[str], steps: int = 4) -> 
 
 @pytest.mark.parametrize("accum", [1, 3])
 def test_world_of_one_without_fsdp_matches_fully_shard(world_of_one, accum):
-    """Checked against fully_shard at world size 1 (the path of every multi-GPU job): local
-    mixed precision (no FSDP) gives the same losses and gradient norms, bit for bit, over 4
-    steps of bf16 compute with fp32 masters, with and without gradient accumulation; the
-    parameters are fp32 between steps (what checkpoints and the export read)."""
+    """Checked against fully_shard at world size 1 (the path of every multi-GPU job) with
+    PyTorch's AdamW after clip_grad_norm_: local mixed precision with its fused step
+    (training/optim.py) gives the same first loss and gradient norm bit for bit, and the same
+    losses within 1e-4 and norms within 1e-3 over 4 steps of bf16 compute with fp32 masters,
+    with and without gradient accumulation; the parameters are fp32 between steps (what
+    checkpoints and the export read). Why not bit for bit after the first step: the update's
+    scalars are fp32 on the device (the reference's are float64 on the host), and a master
+    that moves by one fp32 ulp can round to another bf16 copy (measured: 1.3e-5 on the loss,
+    2.6e-4 on the norm at step 4; with the clipping factor left out of the update, 4e-3)."""
     import torch.distributed as dist
 
     from training.dist import init_distributed
@@ -341,7 +347,10 @@ def test_world_of_one_without_fsdp_matches_fully_shard(world_of_one, accum):
         sharded = _steps_at_world_of_one(env, True, argv)
         local = _steps_at_world_of_one(env, False, argv)
         assert sharded[0][0] > sharded[-1][0]  # it trains
-        assert local == sharded
+        assert local[0] == sharded[0]
+        for (loss, norm), (ref_loss, ref_norm) in zip(local, sharded):
+            assert loss == pytest.approx(ref_loss, rel=1e-4)
+            assert norm == pytest.approx(ref_norm, rel=1e-3)
     finally:
         dist.destroy_process_group()
 

@@ -1,0 +1,237 @@
+"""The fused world-size-1 optimizer step (training/optim.py) against PyTorch's own AdamW with
+`clip_grad_norm_`, through the real local mixed precision hooks (training/parallel.py), and
+its state through the real Checkpointer in both directions.
+
+The model here is linear in its parameters (loss = sum(w * c)), so the gradient is exactly
+the chosen `c` whatever the weights: the two optimizers see the same gradients at every step
+and any difference is the optimizer's own."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from training.checkpoint import Checkpointer, TrainerState
+from training.dist import init_distributed
+from training.optim import LocalAdamW, build_optimizer, clip_and_step, param_groups
+from training.parallel import LocalMixedPrecision, local_mixed_precision
+
+MAX_NORM = 1.0
+
+
+class Linear(nn.Module):
+    """loss = sum(w * cw) + sum(b * cb): d loss / d w = cw exactly, in any dtype (cw and cb are
+    bf16-representable)."""
+
+    def __init__(self):
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.w = nn.Parameter(torch.randn(8, 16, generator=gen))
+        self.b = nn.Parameter(torch.randn(16, generator=gen))
+
+    def forward(self, cw: torch.Tensor, cb: torch.Tensor) -> torch.Tensor:
+        return (self.w * cw.to(self.w.dtype)).sum() + (self.b * cb.to(self.b.dtype)).sum()
+
+
+def _gradients(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per step (cw, cb), bf16-representable; every other step's norm is above MAX_NORM, so
+    clipping is on and off in turn."""
+    gen = torch.Generator().manual_seed(1)
+    out = []
+    for step in range(steps):
+        scale = 3.0 if step % 2 == 0 else 0.02
+        out.append(tuple((torch.randn(*shape, generator=gen) * scale).bfloat16().float()
+                         for shape in ((8, 16), (16,))))
+    return out
+
+
+def _schedule(optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: [1.0, 0.5, 2.0][step % 3])
+
+
+def _reference(steps: int):
+    """fp32 masters, the gradients as given, clip_grad_norm_, torch.optim.AdamW."""
+    model = Linear()
+    optimizer = torch.optim.AdamW(param_groups(model, 0.1), lr=0.05, betas=(0.9, 0.95), eps=1e-8)
+    scheduler = _schedule(optimizer)
+    norms, weights = [], []
+    for cw, cb in _gradients(steps):
+        model.w.grad, model.b.grad = cw.clone(), cb.clone()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        weights.append((model.w.detach().clone(), model.b.detach().clone()))
+    return norms, weights
+
+
+def _local_model():
+    model = Linear()
+    LocalMixedPrecision(model, torch.bfloat16)
+    optimizer = LocalAdamW(param_groups(model, 0.1), local_mixed_precision(model), lr=0.05)
+    return model, optimizer
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, rtol: float = 2e-6) -> bool:
+    return bool(((a - b).abs() <= rtol * b.abs().max()).all())
+
+
+def test_local_adamw_matches_adamw_after_clip_grad_norm():
+    """Checked against torch.optim.AdamW after clip_grad_norm_ over 6 steps (lr schedule,
+    decoupled weight decay on the matrix only, clipping on and off): the same norms and the
+    same fp32 masters within 2e-6 of the largest weight (fp32 scalars on the device against
+    the reference's float64 ones), and after every step the bf16 copy the next forward uses
+    is exactly the new master cast to bf16."""
+    steps = 6
+    norms, weights = _reference(steps)
+    model, optimizer = _local_model()
+    scheduler = _schedule(optimizer)
+    local = local_mixed_precision(model)
+    for step, (cw, cb) in enumerate(_gradients(steps)):
+        model(cw, cb).backward()
+        assert model.w.grad is None and local.grad_of(model.w).dtype == torch.bfloat16
+        norm = clip_and_step(model, optimizer, MAX_NORM)
+        scheduler.step()
+        optimizer.zero_grad()
+        assert torch.allclose(norm, norms[step], rtol=1e-6), step
+        for p, expected in zip((model.w, model.b), weights[step]):
+            assert p.dtype == torch.float32
+            assert _close(p.detach(), expected), (step, (p - expected).abs().max())
+            assert torch.equal(local.copy_of(p), p.detach().bfloat16()), step
+
+
+def test_gradient_accumulation_sums_micro_batches_in_fp32():
+    """Checked against the reference fed the whole gradient: two micro-batches of half the
+    gradient each, the first without sync, give the same masters (the sum is kept in fp32 and
+    handed over once)."""
+    norms, weights = _reference(2)
+    model, optimizer = _local_model()
+    scheduler = _schedule(optimizer)
+    local = local_mixed_precision(model)
+    for step, (cw, cb) in enumerate(_gradients(2)):
+        for sync in (False, True):
+            local.set_requires_gradient_sync(sync)
+            model(cw / 2, cb / 2).backward()
+            if not sync:
+                assert local.grad_of(model.w) is None  # not handed over before the last one
+        assert local.grad_of(model.w).dtype == torch.float32
+        norm = clip_and_step(model, optimizer, MAX_NORM)
+        scheduler.step()
+        optimizer.zero_grad()
+        assert torch.allclose(norm, norms[step], rtol=1e-6)
+        assert _close(model.w.detach(), weights[step][0])
+
+
+def test_forward_without_autograd_leaves_the_fp32_masters_in_place():
+    """Checked against the weights before: a forward under no_grad (the evaluation) swaps the
+    bf16 copies in and the fp32 masters back out, so a checkpoint or export right after an
+    evaluation reads fp32 masters, unchanged; training afterwards still steps."""
+    model, optimizer = _local_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        model(*_gradients(1)[0])
+    assert [p.dtype for p in model.parameters()] == [torch.float32, torch.float32]
+    assert all(torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before))
+    model(*_gradients(1)[0]).backward()
+    clip_and_step(model, optimizer, MAX_NORM)
+    assert not torch.equal(model.w.detach(), before[0])
+
+
+def test_build_optimizer_picks_the_fused_step_only_for_local_mixed_precision():
+    """Checked against the model's wrapping: LocalAdamW exactly when the model has local mixed
+    precision, PyTorch's AdamW otherwise (FSDP, or fp32 in one process)."""
+    from training.config import OptimConfig
+
+    plain = Linear()
+    assert type(build_optimizer(plain, OptimConfig(), torch.device("cpu"))) is torch.optim.AdamW
+    model, _ = _local_model()
+    assert isinstance(build_optimizer(model, OptimConfig(), torch.device("cpu")), LocalAdamW)
+
+
+def _save_and_load(tmp_path, env, source, target) -> None:
+    """`source` = (model, optimizer) saved by the real Checkpointer; loaded into `target`."""
+    scheduler = torch.optim.lr_scheduler.LambdaLR(source[1], lambda _: 1.0)
+    writer = Checkpointer(str(tmp_path), keep=1, env=env, async_save=False)
+    writer.save(1, *source, TrainerState(scheduler), {})
+    writer.close()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(target[1], lambda _: 1.0)
+    assert Checkpointer(str(tmp_path), keep=1, env=env).resume(*target, TrainerState(scheduler))
+
+
+def test_checkpoints_move_between_adamw_and_the_fused_step(world_of_one, tmp_path):
+    """Checked against the saved state and against the uninterrupted reference: an AdamW
+    checkpoint (the FSDP path's format) loads into LocalAdamW with every moment and step
+    count equal, and the next step lands where AdamW's does; a LocalAdamW checkpoint loads
+    back into AdamW the same way. This is what lets a 1-GPU run resume on 16 nodes."""
+    env = init_distributed(timeout_s=30)
+    try:
+        grads = _gradients(3)
+        norms, weights = _reference(3)
+        adamw_model = Linear()
+        adamw = torch.optim.AdamW(param_groups(adamw_model, 0.1), lr=0.05, betas=(0.9, 0.95),
+                                  eps=1e-8)
+        sched = _schedule(adamw)
+        for cw, cb in grads[:2]:
+            adamw_model.w.grad, adamw_model.b.grad = cw.clone(), cb.clone()
+            torch.nn.utils.clip_grad_norm_(adamw_model.parameters(), MAX_NORM)
+            adamw.step()
+            sched.step()
+        model, optimizer = _local_model()
+        _save_and_load(tmp_path / "a", env, (adamw_model, adamw), (model, optimizer))
+        for p, q in zip(model.parameters(), adamw_model.parameters()):
+            assert torch.equal(p.detach(), q.detach())
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(optimizer.state[p][key], adamw.state[q][key]), key
+            assert float(optimizer.state[p]["step"]) == 2.0
+        for group in optimizer.param_groups:
+            group["lr"] = 0.05 * 2.0  # the schedule's factor at step 2, as the trainer restores
+        model(*grads[2]).backward()
+        clip_and_step(model, optimizer, MAX_NORM)
+        assert _close(model.w.detach(), weights[2][0]) and _close(model.b.detach(), weights[2][1])
+
+        back_model = Linear()
+        back = torch.optim.AdamW(param_groups(back_model, 0.1), lr=0.05)
+        _save_and_load(tmp_path / "b", env, (model, optimizer), (back_model, back))
+        for p, q in zip(back_model.parameters(), model.parameters()):
+            assert torch.equal(p.detach(), q.detach())
+            assert torch.equal(back.state[p]["exp_avg_sq"], optimizer.state[q]["exp_avg_sq"])
+            assert float(back.state[p]["step"]) == 3.0
+    finally:
+        dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- real runs
+def _bf16_run(work, cache, *flags, env=None):
+    from tests.training.conftest import train
+
+    return train(work, "--precision", "bf16", "--batch-size", "8", "--checkpoint-dir",
+                 str(work / "ckpt"), "--checkpoint-every", "4", "--eval-every", "4",
+                 "--no-async-checkpoint", *flags, nproc=1, cache=cache, env=env)
+
+
+def test_bf16_on_one_process_checkpoints_fp32_masters_and_resumes_exactly(tmp_path, tiny_cache):
+    """Checked against the uninterrupted run: `torchrun -m training.finetune` on one process
+    with --precision bf16 (local mixed precision and the fused step, as a 1-GPU job runs)
+    trains, evaluates at the step it checkpoints, and the checkpoint holds fp32 masters (an
+    evaluation used to leave the bf16 copies in the parameters, and a checkpoint written right
+    after it stored them); stopped after step 4 and resumed, it repeats the uninterrupted
+    losses of steps 5-8 exactly."""
+    import torch.distributed.checkpoint as dcp
+
+    from tests.training.conftest import STEPS, assert_losses_close
+
+    whole = _bf16_run(tmp_path / "whole", tiny_cache).check()
+    losses = whole.losses()
+    assert len(losses) == STEPS and losses[-1] < losses[0]
+    meta = dcp.FileSystemReader(str(tmp_path / "whole" / "ckpt" / "step_00000004")).read_metadata()
+    weights = {k: m.properties.dtype for k, m in meta.state_dict_metadata.items()
+               if k.startswith("model.") and hasattr(m, "properties")}
+    assert weights and set(weights.values()) == {torch.float32}, weights
+
+    stopped = _bf16_run(tmp_path / "resumed", tiny_cache,
+                        env={"FSDP_EKS_TEST_EXIT_AFTER_STEP": "4"}).check()
+    assert sorted(stopped.steps()) == [1, 2, 3, 4]
+    resumed = _bf16_run(tmp_path / "resumed", tiny_cache).check()
+    assert "resumed from" in resumed.output
+    assert_losses_close(resumed.losses(), losses, 1e-6, "bf16 stop + resume")

@@ -1,0 +1,182 @@
+"""The optimizer step: AdamW with gradient-norm clipping, and at world size 1 a fused variant
+that also writes the next step's compute-dtype weights.
+
+With FSDP the step is PyTorch's fused AdamW after `clip_grad_norm_`. At world size 1 with
+`parallel.LocalMixedPrecision` that sequence costs five passes over memory per parameter and step:
+the bf16 gradient cast to fp32, the norm, the clipping multiply, AdamW, and the next forward's
+cast of the fp32 weight to bf16 (60 ms of a 496 ms step on one H200, docs/performance.md).
+`LocalAdamW` does the same arithmetic in two: the norm over the gradients as backward produced
+them (accumulated in fp32), then one kernel per parameter that reads the gradient, applies the
+clipping factor, updates the fp32 weight and both moments, and writes the weight's bf16 copy
+for the next forward. Its state has AdamW's names and shapes (`step`, `exp_avg`,
+`exp_avg_sq`), so checkpoints move between it and the FSDP path at any world size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from training.config import OptimConfig
+from training.parallel import LocalMixedPrecision, float8_post_step, local_mixed_precision
+
+BETAS, EPS = (0.9, 0.95), 1e-8
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only (not on norms and biases)."""
+    params = list(model.parameters())
+    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig,
+                    device: torch.device) -> torch.optim.Optimizer:
+    """`LocalAdamW` for a model under local mixed precision, else AdamW (fused on CUDA); float8
+    all-gathers' scales are computed after each step."""
+    groups = param_groups(model, cfg.weight_decay)
+    local = local_mixed_precision(model)
+    if local is not None:
+        return LocalAdamW(groups, local, lr=cfg.learning_rate)
+    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=BETAS, eps=EPS,
+                                  fused=device.type == "cuda")
+    post_step = float8_post_step(model)
+    if post_step is not None:
+        optimizer.register_step_post_hook(post_step)
+    return optimizer
+
+
+def clip_and_step(model: nn.Module, optimizer: torch.optim.Optimizer,
+                  max_grad_norm: float) -> torch.Tensor:
+    """Scale the gradients to a global L2 norm of at most `max_grad_norm` (0: no clipping), take
+    the optimizer step, and return the norm before clipping as a 0-d device tensor."""
+    if isinstance(optimizer, LocalAdamW):
+        return optimizer.clip_and_step(max_grad_norm)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm or math.inf)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    optimizer.step()
+    return norm
+
+
+def clip_factor(norm: torch.Tensor, max_grad_norm: float) -> torch.Tensor | None:
+    """What `clip_grad_norm_` multiplies the gradients by, or None when it would not clip."""
+    if not max_grad_norm:
+        return None
+    return (max_grad_norm / (norm + 1e-6)).clamp(max=1.0)
+
+
+def adamw_update(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
+                 exp_avg_sq: torch.Tensor, copy: torch.Tensor | None, lr: torch.Tensor,
+                 step: torch.Tensor, factor: torch.Tensor | None, beta1: float, beta2: float,
+                 eps: float, weight_decay: float) -> None:
+    """One AdamW step of one parameter, in place, in torch's order of operations (decoupled
+    decay, moments, bias-corrected update); the gradient is upcast to fp32 and scaled by the
+    clipping factor on the way in, and `copy` (if given) receives the new weight in its dtype.
+    On CUDA this compiles to a single kernel; `lr`, `step` and `factor` are 0-d device tensors
+    so that neither a new learning rate nor a new step recompiles it or waits for the host."""
+    grad = grad.float()
+    if factor is not None:
+        grad = grad * factor
+    param.mul_(1 - lr * weight_decay)
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    # beta ** step as exp2(step * log2(beta)): inside the kernel this is computed per element,
+    # and libdevice's pow cost 10 % of the step on one H200 (benchmarks/fused_step_bench.py)
+    step_size = lr / (1 - torch.exp2(step * math.log2(beta1)))
+    denom = exp_avg_sq.sqrt() / (1 - torch.exp2(step * math.log2(beta2))).sqrt() + eps
+    param.sub_(step_size * exp_avg / denom)
+    if copy is not None:
+        copy.copy_(param)
+
+
+class LocalAdamW(torch.optim.AdamW):
+    """AdamW over the fp32 masters of a `LocalMixedPrecision` model, fused with clipping and
+    with the cast of the next step's compute-dtype weights (module docstring). A subclass of
+    PyTorch's AdamW for its parameter groups and state layout (the distributed checkpoint
+    matches them key by key), with its own `step`.
+
+    Gradients come from the model's local mixed precision (bf16 as backward produced them, or
+    their fp32 sum over micro-batches), or from `.grad` when something else set it (PyTorch's
+    distributed checkpoint initialises optimizer state with zero `.grad`s and a step at lr 0).
+    """
+
+    def __init__(self, params, local: LocalMixedPrecision, lr: float,
+                 betas: tuple[float, float] = BETAS, eps: float = EPS, weight_decay: float = 0.0):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self.local = local
+        self._factor: torch.Tensor | None = None
+        self._update = adamw_update
+        self._lrs: dict[int, torch.Tensor] = {}  # per group: the lr as a 0-d device tensor
+
+    def _grad(self, p: nn.Parameter) -> torch.Tensor | None:
+        grad = self.local.grad_of(p)
+        return p.grad if grad is None else grad
+
+    @torch.no_grad()
+    def clip_and_step(self, max_grad_norm: float) -> torch.Tensor:
+        """The global gradient norm (fp32, before clipping), then the step with the gradients
+        scaled by `clip_factor` inside the update kernel."""
+        grads = [g for group in self.param_groups for p in group["params"]
+                 if (g := self._grad(p)) is not None]
+        if not grads:
+            raise RuntimeError("LocalAdamW.clip_and_step: no parameter has a gradient")
+        norm = torch.linalg.vector_norm(
+            torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
+        self._factor = clip_factor(norm, max_grad_norm)
+        try:
+            self.step()
+        finally:
+            self._factor = None
+        return norm
+
+    def _lr(self, index: int, group: dict, device: torch.device) -> torch.Tensor:
+        lr = self._lrs.get(index)
+        if lr is None or lr.device != device:
+            lr = self._lrs[index] = torch.zeros((), dtype=torch.float32, device=device)
+        return lr.fill_(group["lr"])  # a kernel argument: no host-to-device copy, no sync
+
+    def _state(self, p: nn.Parameter) -> dict:
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        elif state["step"].device != p.device:  # loaded from a checkpoint onto the CPU
+            state["step"] = state["step"].to(p.device, torch.float32)
+        return state
+
+    def _compile(self, device: torch.device) -> None:
+        """On CUDA, the update as one compiled kernel per parameter (any size, no recompiles as
+        sizes change; one variant per gradient dtype, with and without a copy to write)."""
+        if device.type == "cuda" and self._update is adamw_update:
+            self._update = torch.compile(adamw_update, dynamic=True, fullgraph=True)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if closure is not None:
+            raise ValueError("LocalAdamW takes no closure")
+        for index, group in enumerate(self.param_groups):
+            work = [(p, g) for p in group["params"] if (g := self._grad(p)) is not None]
+            if not work:
+                continue
+            device = work[0][0].device
+            self._compile(device)
+            states = [self._state(p) for p, _ in work]
+            torch._foreach_add_([s["step"] for s in states], 1.0)
+            lr = self._lr(index, group, device)
+            beta1, beta2 = group["betas"]
+            for (p, grad), state in zip(work, states):
+                copy = self.local.copy_of(p)
+                self._update(p.detach().view(-1), grad.view(-1), state["exp_avg"].view(-1),
+                             state["exp_avg_sq"].view(-1), None if copy is None else copy.view(-1),
+                             lr, state["step"], self._factor, beta1, beta2, group["eps"],
+                             group["weight_decay"])
+        self.local.drop_grads()  # consumed
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        self.local.drop_grads()

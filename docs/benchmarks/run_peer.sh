@@ -136,6 +136,17 @@ phaseexp2() {  # the optimizer step alone (fused_step_bench.py), the three pairs
   convergence
 }
 
+phaseconfirm() {  # the float8 convergence on paragraph records (300 steps each), then a
+  # second same-call sample of the three pairs
+  convergence
+  ours ours-16l-none 100 $SHAPE --layers 16 --activation-checkpointing none --compile
+  titan titan-16l-none 100 --layers 16 --ac none
+  ours ours-16l-fp8 100 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8
+  titan titan-16l-fp8 100 --layers 16 --ac none --float8
+  ours ours-7b-full 110 $SHAPE --activation-checkpointing full --compile
+  titan titan-7b-full 110 --layers 32 --ac full
+}
+
 "phase$PHASE"
 pack
 echo "--- phase $PHASE done at $(elapsed) s"

@@ -60,12 +60,13 @@ phasepeer() {
 }
 
 convergence() {  # float8 against bf16 on the Brown corpus (fp8_convergence.py): bf16, float8, bf16
+  # (or the runs named: convergence fp8)
   local conv=/tmp/conv; mkdir -p $conv
   $PY benchmarks/fp8_convergence.py make $conv/model >>"$LOG" 2>&1
   local common="--model $conv/model --dataset $HERE/data/brown.jsonl --seq-len 1024 --batch-size 8 \
     --max-steps 300 --learning-rate 3e-4 --warmup-steps 20 --activation-checkpointing none --compile \
     --log-every 50 --seed 42"
-  for run in bf16 fp8 bf16_again; do
+  for run in ${@:-bf16 fp8 bf16_again}; do
     local flags=""; [ $run = fp8 ] && flags="--precision fp8"
     # shellcheck disable=SC2086
     run_limited conv-$run 120 $PY -m torch.distributed.run --standalone --nproc-per-node 1 \
@@ -145,6 +146,15 @@ phaseconfirm() {  # the float8 convergence on paragraph records (300 steps each)
   titan titan-16l-fp8 100 --layers 16 --ac none --float8
   ours ours-7b-full 110 $SHAPE --activation-checkpointing full --compile
   titan titan-7b-full 110 --layers 32 --ac full
+}
+
+phasefp8w() {  # float8 linears back on their fp32 weights (as under FSDP): its convergence run
+  # (compared with call 8's bf16 runs: the bf16 path is unchanged), its pair, the no-AC pair
+  convergence fp8
+  ours ours-16l-fp8 90 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8
+  titan titan-16l-fp8 90 --layers 16 --ac none --float8
+  ours ours-16l-none 90 $SHAPE --layers 16 --activation-checkpointing none --compile
+  titan titan-16l-none 90 --layers 16 --ac none
 }
 
 "phase$PHASE"

@@ -264,7 +264,7 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
     _sync(device)
     timings["model_s"] = time.perf_counter() - started
     started = time.perf_counter()
-    optimizer = build_optimizer(model, cfg.optim, device)
+    optimizer = build_optimizer(model, cfg.optim, device, compiled=cfg.parallel.compile)
     scheduler = build_scheduler(optimizer, cfg.optim, total=10**6)  # warm-up, then flat
     probe = _StateProbe(optimizer, device)
     timings["optimizer_s"] = time.perf_counter() - started

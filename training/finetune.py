@@ -474,7 +474,7 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     data, val, sampler = _build_data(cfg, records, tokenizer, env)
     model = build_model(cfg, model_dir, env)
-    optimizer = build_optimizer(model, cfg.optim, env.device)
+    optimizer = build_optimizer(model, cfg.optim, env.device, compiled=cfg.parallel.compile)
     scheduler = build_scheduler(optimizer, cfg.optim, total=1)  # the horizon is set after resume
     state = TrainerState(scheduler)
     torch.manual_seed(cfg.train.seed)  # identical RNG on every rank from here on

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the GPU machine's copy
 
 from training import optim  # noqa: E402
-from training.optim import LocalAdamW, adamw_update, param_groups  # noqa: E402
+from training.optim import LocalAdamW, adamw_update, compile_update, param_groups  # noqa: E402
 
 MAX_NORM = 1.0
 
@@ -119,7 +119,7 @@ def before(model: Params, handed: Handed):
 
 def local(model: Params, handed: Handed, update):
     optimizer = LocalAdamW(param_groups(model, 0.1), handed, lr=2e-5)
-    optimizer._update = torch.compile(update, dynamic=True, fullgraph=True)
+    optimizer._update = compile_update(update)
     return lambda: optimizer.clip_and_step(MAX_NORM)
 
 

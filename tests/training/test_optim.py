@@ -8,6 +8,7 @@ and any difference is the optimizer's own."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -234,36 +235,67 @@ def test_checkpoints_move_between_adamw_and_the_fused_step(world_of_one, tmp_pat
 
 
 # ----------------------------------------------------------------------------- real runs
-def _bf16_run(work, cache, *flags, env=None):
+def _bf16_run(work, cache, *flags, nproc=1, env=None):
     from tests.training.conftest import train
 
-    return train(work, "--precision", "bf16", "--batch-size", "8", "--checkpoint-dir",
-                 str(work / "ckpt"), "--checkpoint-every", "4", "--eval-every", "4",
-                 "--no-async-checkpoint", *flags, nproc=1, cache=cache, env=env)
+    return train(work, "--precision", "bf16", "--batch-size", str(8 // nproc),
+                 "--checkpoint-dir", str(work / "ckpt"), "--checkpoint-every", "4",
+                 "--eval-every", "4", "--no-async-checkpoint", *flags, nproc=nproc, cache=cache,
+                 env=env)
 
 
-def test_bf16_on_one_process_checkpoints_fp32_masters_and_resumes_exactly(tmp_path, tiny_cache):
-    """Checked against the uninterrupted run: `torchrun -m training.finetune` on one process
-    with --precision bf16 (local mixed precision and the fused step, as a 1-GPU job runs)
-    trains, evaluates at the step it checkpoints, and the checkpoint holds fp32 masters (an
-    evaluation used to leave the bf16 copies in the parameters, and a checkpoint written right
-    after it stored them); stopped after step 4 and resumed, it repeats the uninterrupted
-    losses of steps 5-8 exactly."""
+@pytest.fixture(scope="module")
+def bf16_one_process(tmp_path_factory, tiny_cache):
+    """`torchrun -m training.finetune` on one process with --precision bf16 (local mixed
+    precision and the fused step, as a 1-GPU job runs): the whole 8 steps, and the same job
+    stopped after step 4 (its checkpoint, taken right after the step-4 evaluation)."""
+    whole = _bf16_run(tmp_path_factory.mktemp("bf16-whole"), tiny_cache).check()
+    stopped = _bf16_run(tmp_path_factory.mktemp("bf16-stopped"), tiny_cache,
+                        env={"FSDP_EKS_TEST_EXIT_AFTER_STEP": "4"}).check()
+    assert sorted(stopped.steps()) == [1, 2, 3, 4]
+    return whole, stopped
+
+
+def test_bf16_on_one_process_checkpoints_fp32_masters_and_resumes_exactly(
+        bf16_one_process, tmp_path, tiny_cache):
+    """Checked against the uninterrupted run: the one-process bf16 job trains, its checkpoint
+    written right after an evaluation holds fp32 masters (an evaluation used to leave the bf16
+    copies in the parameters, and that checkpoint stored them), and stopped after step 4 and
+    resumed, it repeats the uninterrupted losses of steps 5-8 exactly."""
+    import shutil
+
     import torch.distributed.checkpoint as dcp
 
     from tests.training.conftest import STEPS, assert_losses_close
 
-    whole = _bf16_run(tmp_path / "whole", tiny_cache).check()
+    whole, stopped = bf16_one_process
     losses = whole.losses()
     assert len(losses) == STEPS and losses[-1] < losses[0]
-    meta = dcp.FileSystemReader(str(tmp_path / "whole" / "ckpt" / "step_00000004")).read_metadata()
+    meta = dcp.FileSystemReader(str(stopped.workdir / "ckpt" / "step_00000004")).read_metadata()
     weights = {k: m.properties.dtype for k, m in meta.state_dict_metadata.items()
                if k.startswith("model.") and hasattr(m, "properties")}
     assert weights and set(weights.values()) == {torch.float32}, weights
 
-    stopped = _bf16_run(tmp_path / "resumed", tiny_cache,
-                        env={"FSDP_EKS_TEST_EXIT_AFTER_STEP": "4"}).check()
-    assert sorted(stopped.steps()) == [1, 2, 3, 4]
-    resumed = _bf16_run(tmp_path / "resumed", tiny_cache).check()
+    shutil.copytree(stopped.workdir / "ckpt", tmp_path / "ckpt")
+    resumed = _bf16_run(tmp_path, tiny_cache).check()
     assert "resumed from" in resumed.output
-    assert_losses_close(resumed.losses(), losses, 1e-6, "bf16 stop + resume")
+    assert sorted(resumed.steps()) == [5, 6, 7, 8]
+    assert_losses_close(resumed.losses(), losses[4:], 1e-6, "bf16 stop + resume")
+
+
+def test_a_one_process_checkpoint_resumes_under_fsdp_on_two(bf16_one_process, tmp_path,
+                                                            tiny_cache):
+    """Checked against the uninterrupted one-process run: its step-4 checkpoint (LocalAdamW's
+    state) resumes on two processes under fully_shard with PyTorch's AdamW (DCP reshards the
+    masters and moments), and steps 5-8 continue with the same global batch within 1e-4 (the
+    two paths' arithmetic differs in rounding only; measured 3e-5)."""
+    import shutil
+
+    from tests.training.conftest import assert_losses_close
+
+    whole, stopped = bf16_one_process
+    shutil.copytree(stopped.workdir / "ckpt", tmp_path / "ckpt")
+    resumed = _bf16_run(tmp_path, tiny_cache, nproc=2).check()
+    assert "resumed from" in resumed.output and "'fully_shard'" in resumed.output
+    assert sorted(resumed.steps()) == [5, 6, 7, 8]
+    assert_losses_close(resumed.losses(), whole.losses()[4:], 1e-4, "1 -> 2 processes")

@@ -50,6 +50,7 @@ from training.finetune import (build_model, build_scheduler, describe,  # noqa: 
                                parallelize_model, set_runtime_defaults, setup_logging, train_step)
 from training.metrics import peak_flops, perf_metrics  # noqa: E402
 from training.optim import build_optimizer  # noqa: E402
+from training.parallel import strategy  # noqa: E402
 from training.model import init_random_, meta_model_from_config  # noqa: E402
 
 log = logging.getLogger("training.bench")
@@ -309,8 +310,7 @@ def _setup_record(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, model:
         "precision": {"master_params": "float32"},
         "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get(
             "PYTORCH_ALLOC_CONF"),
-        "strategy": (cfg.parallel.sharding if "fully_shard" in wrapped
-                     else "none: local mixed precision (world size 1)"),
+        "strategy": strategy(model, cfg.parallel.sharding),
         "wrapped": wrapped,
         "sync_every_step": args.sync_every_step,
         "memory_fraction": args.memory_fraction,

@@ -61,6 +61,7 @@ from training.parallel import (
     compute_dtype,
     parallelize,
     set_requires_gradient_sync,
+    strategy,
 )
 from training.prometheus import NoMetrics, TrainingMetrics
 
@@ -455,7 +456,7 @@ def describe(cfg: JobConfig, env: DistEnv, model: nn.Module) -> dict:
         "run/tokens_per_global_batch": global_seqs * cfg.data.seq_len,
         "run/param_dtype": dtype_name(compute_dtype(cfg.model.precision, env.device)),
         "run/reduce_dtype": "float32", "run/optimizer_state_dtype": "float32",
-        "run/sharding": cfg.parallel.sharding,
+        "run/sharding": strategy(model, cfg.parallel.sharding),
         "run/activation_checkpointing": cfg.parallel.activation_checkpointing,
         "run/compile": cfg.parallel.compile, "run/sdpa_backend": cfg.model.sdpa_backend,
         "run/loss": cfg.model.loss, "run/precision": cfg.model.precision,

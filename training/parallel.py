@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from training.config import ParallelConfig
 from training.dist import DistEnv
@@ -239,6 +239,16 @@ _LOCAL: "weakref.WeakKeyDictionary[nn.Module, LocalMixedPrecision]" = weakref.We
 def local_mixed_precision(model: nn.Module) -> LocalMixedPrecision | None:
     """The model's local mixed precision, if `parallelize` gave it one."""
     return _LOCAL.get(model)
+
+
+def strategy(model: nn.Module, sharding: str) -> str:
+    """What the run's parameters are under, for reports: the --sharding strategy when FSDP
+    wraps the model, else why there is none (one process)."""
+    if isinstance(model, FSDPModule):
+        return sharding
+    if local_mixed_precision(model) is not None:
+        return "none: local mixed precision (world size 1)"
+    return "none: one process in fp32"
 
 
 def set_requires_gradient_sync(model: nn.Module, sync: bool) -> None:

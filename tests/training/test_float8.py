@@ -33,11 +33,15 @@ def fp8_runs(tmp_path_factory, tiny_cache):
 
 def test_float8_linears_are_in_the_model_on_both_paths(fp8_runs):
     """Checked against the model log line: 14 float8 linears (7 per decoder layer; the output
-    head stays bf16), local mixed precision on one process, fully_shard on two."""
+    head stays bf16), local mixed precision on one process, fully_shard on two; the plan line's
+    run/sharding says the same."""
     assert "'float8_linears': 14" in fp8_runs["one"].output
     assert "'local_mixed_precision': 1" in fp8_runs["one"].output
     assert "'float8_linears': 14" in fp8_runs["two"].output
     assert "'fully_shard'" in fp8_runs["two"].output
+    # and the run's description names what the parameters are under
+    assert '"run/sharding": "none: local mixed precision (world size 1)"' in fp8_runs["one"].output
+    assert '"run/sharding": "FULL_SHARD"' in fp8_runs["two"].output
     assert "float8_linears" not in fp8_runs["bf16"].output
 
 

@@ -299,3 +299,14 @@ def test_a_one_process_checkpoint_resumes_under_fsdp_on_two(bf16_one_process, tm
     assert "resumed from" in resumed.output and "'fully_shard'" in resumed.output
     assert sorted(resumed.steps()) == [5, 6, 7, 8]
     assert_losses_close(resumed.losses(), whole.losses()[4:], 1e-4, "1 -> 2 processes")
+
+
+def test_reports_name_the_strategy_the_model_is_under():
+    """Checked against the wrapping: a one-process model reports no sharding (local mixed
+    precision, or plain fp32), whatever --sharding says; only a fully_shard-ed model reports
+    the strategy."""
+    from training.parallel import strategy
+
+    model, _ = _local_model()
+    assert strategy(model, "FULL_SHARD") == "none: local mixed precision (world size 1)"
+    assert strategy(Linear(), "FULL_SHARD") == "none: one process in fp32"

@@ -72,6 +72,20 @@ def clip_factor(norm: torch.Tensor, max_grad_norm: float) -> torch.Tensor | None
     return (max_grad_norm / (norm + 1e-6)).clamp(max=1.0)
 
 
+def adamw_moments(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
+                  exp_avg_sq: torch.Tensor, lr: torch.Tensor, factor: torch.Tensor | None,
+                  beta1: float, beta2: float, weight_decay: float) -> None:
+    """AdamW's first half, in place: the gradient upcast to fp32 and scaled by the clipping
+    factor, the decoupled weight decay, both moments (adamw_update's, and the benchmark's
+    other forms of the update: docs/benchmarks/fused_step_bench.py)."""
+    grad = grad.float()
+    if factor is not None:
+        grad = grad * factor
+    param.mul_(1 - lr * weight_decay)
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+
+
 def adamw_update(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
                  exp_avg_sq: torch.Tensor, copy: torch.Tensor | None, lr: torch.Tensor,
                  step: torch.Tensor, factor: torch.Tensor | None, beta1: float, beta2: float,
@@ -81,12 +95,7 @@ def adamw_update(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
     clipping factor on the way in, and `copy` (if given) receives the new weight in its dtype.
     On CUDA this compiles to a single kernel; `lr`, `step` and `factor` are 0-d device tensors
     so that neither a new learning rate nor a new step recompiles it or waits for the host."""
-    grad = grad.float()
-    if factor is not None:
-        grad = grad * factor
-    param.mul_(1 - lr * weight_decay)
-    exp_avg.lerp_(grad, 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    adamw_moments(param, grad, exp_avg, exp_avg_sq, lr, factor, beta1, beta2, weight_decay)
     # beta ** step as exp2(step * log2(beta)): inside the kernel this is computed per element,
     # and libdevice's pow cost 10 % of the step on one H200 (benchmarks/fused_step_bench.py)
     step_size = lr / (1 - torch.exp2(step * math.log2(beta1)))

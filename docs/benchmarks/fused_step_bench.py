@@ -28,7 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the GPU machine's copy
 
 from training import optim  # noqa: E402
-from training.optim import LocalAdamW, adamw_update, compile_update, param_groups  # noqa: E402
+from training.optim import (  # noqa: E402
+    LocalAdamW,
+    adamw_moments,
+    adamw_update,
+    compile_update,
+    param_groups,
+)
 
 MAX_NORM = 1.0
 
@@ -36,33 +42,20 @@ MAX_NORM = 1.0
 def update_pow(param, grad, exp_avg, exp_avg_sq, copy, lr, step, factor, beta1, beta2, eps,
                weight_decay):
     """The first form of adamw_update: beta ** step (libdevice's pow, per element)."""
-    grad = grad.float()
-    if factor is not None:
-        grad = grad * factor
-    param.mul_(1 - lr * weight_decay)
-    exp_avg.lerp_(grad, 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    step_size = lr / (1 - beta1 ** step)
+    adamw_moments(param, grad, exp_avg, exp_avg_sq, lr, factor, beta1, beta2, weight_decay)
     denom = exp_avg_sq.sqrt() / (1 - beta2 ** step).sqrt() + eps
-    param.sub_(step_size * exp_avg / denom)
-    if copy is not None:
-        copy.copy_(param)
+    param.sub_(lr / (1 - beta1 ** step) * exp_avg / denom)
+    copy.copy_(param)
 
 
 def update_one_division(param, grad, exp_avg, exp_avg_sq, copy, lr, step, factor, beta1, beta2,
                         eps, weight_decay):
     """adamw_update rearranged to one division per element (rounds differently from torch)."""
-    grad = grad.float()
-    if factor is not None:
-        grad = grad * factor
-    param.mul_(1 - lr * weight_decay)
-    exp_avg.lerp_(grad, 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    adamw_moments(param, grad, exp_avg, exp_avg_sq, lr, factor, beta1, beta2, weight_decay)
     bc1 = 1 - torch.exp2(step * math.log2(beta1))
     bc2_sqrt = (1 - torch.exp2(step * math.log2(beta2))).sqrt()
     param.sub_(exp_avg * (lr * bc2_sqrt / bc1) / (exp_avg_sq.sqrt() + eps * bc2_sqrt))
-    if copy is not None:
-        copy.copy_(param)
+    copy.copy_(param)
 
 
 VARIANTS = {"LocalAdamW (optim.py)": adamw_update, "LocalAdamW, pow": update_pow,

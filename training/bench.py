@@ -50,7 +50,7 @@ from training.finetune import (build_model, build_scheduler, describe,  # noqa: 
                                parallelize_model, set_runtime_defaults, setup_logging, train_step)
 from training.metrics import peak_flops, perf_metrics  # noqa: E402
 from training.optim import build_optimizer  # noqa: E402
-from training.parallel import strategy  # noqa: E402
+from training.parallel import check_precision, strategy  # noqa: E402
 from training.model import init_random_, meta_model_from_config  # noqa: E402
 
 log = logging.getLogger("training.bench")
@@ -260,6 +260,7 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
     device = env.device
     if args.memory_fraction is not None and device.type == "cuda":
         torch.cuda.set_per_process_memory_fraction(args.memory_fraction, device)
+    check_precision(cfg.model.precision, device)
     started = time.perf_counter()
     model, wrapped, source = _build_model(args, cfg, env)
     _sync(device)

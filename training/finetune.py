@@ -58,6 +58,7 @@ from training.optim import build_optimizer, clip_and_step
 from training.parallel import (
     DTYPES,
     build_mesh,
+    check_precision,
     compute_dtype,
     parallelize,
     set_requires_gradient_sync,
@@ -470,6 +471,7 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
     from transformers import AutoTokenizer
 
     _check_paths(cfg)
+    check_precision(cfg.model.precision, env.device)
     records = _build_records(cfg, env)
     model_dir = hub.fetch_model(cfg.model.model, cfg.model.cache_dir, cfg.train.seed, env)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

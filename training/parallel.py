@@ -53,6 +53,24 @@ def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
     return DTYPES.get(precision, torch.bfloat16)
 
 
+FLOAT8_CAPABILITY = (8, 9)
+"""The first CUDA compute capability with float8 matmuls (Ada: L4/L40S; Hopper: H100/H200 is
+9.0); the A100 of p4de is 8.0. torch._scaled_mm refuses anything older."""
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    """--precision fp8 on a GPU without float8 matmuls: refused before data, model download or
+    weights (torch would fail only at the first forward, with a traceback)."""
+    if precision != "fp8" or device.type != "cuda":
+        return
+    capability = torch.cuda.get_device_capability(device)
+    if capability < FLOAT8_CAPABILITY:
+        raise UserError(
+            f"--precision fp8 needs float8 matmuls (compute capability 8.9 or newer: H100, H200, "
+            f"L4, L40S); this GPU is {torch.cuda.get_device_name(device)} (compute capability "
+            f"{capability[0]}.{capability[1]}). Use --precision bf16 (stack key job.precision).")
+
+
 def build_mesh(cfg: ParallelConfig, env: DistEnv) -> DeviceMesh:
     """The data-parallel mesh of the strategy: 1-D (shard) or 2-D (replicate, shard)."""
     world, kind = env.world_size, env.device.type

@@ -54,3 +54,23 @@ def test_float8_trains_and_one_process_agrees_with_fsdp_float8_all_gathers(fp8_r
     assert one[-1] < one[0] - 0.5 and two[-1] < two[0] - 0.5
     assert_losses_close(two, one, FP8_AGREE_RTOL, "fp8 on two processes vs one")
     assert one != bf16
+
+
+def test_fp8_on_a_gpu_without_float8_matmuls_is_refused_first(monkeypatch):
+    """Checked against the A100 of p4de (compute capability 8.0; torch._scaled_mm needs 8.9):
+    --precision fp8 is a UserError naming the GPU and --precision bf16, raised before data or
+    model are touched; an H100/H200 (9.0) and the CPU pass, and bf16 is never checked."""
+    import torch
+
+    from training.errors import UserError
+    from training.parallel import check_precision
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda _: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda _: (8, 0))
+    with pytest.raises(UserError, match=r"A100.*8\.0.*--precision bf16"):
+        check_precision("fp8", gpu)
+    check_precision("bf16", gpu)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda _: (9, 0))
+    check_precision("fp8", gpu)
+    check_precision("fp8", torch.device("cpu"))

@@ -1,0 +1,123 @@
+"""What users bring, through the real entry point (`python -m training.finetune`, one process):
+files other tools wrote, chat data with roles the model's template does not know, damaged or
+read-only checkpoint directories, resumes with changed settings, two runs on one directory.
+Each run either trains or ends with one error line and status 1, never a traceback alone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.training.conftest import REPO, child_env
+from training import tiny
+
+pytestmark = pytest.mark.timeout(600)
+
+SHIPPED = REPO / "training" / "data" / "instructions.jsonl"
+QUICK = ["--seq-len", "512", "--max-steps", "1", "--val-fraction", "0", "--seed", "7"]
+"""One optimizer step of the tiny preset on one process."""
+
+
+def finetune(cache: Path, *flags: str, env: dict | None = None,
+             timeout: float = 480) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "training.finetune", "--cache-dir", str(cache), *flags],
+        cwd=REPO, env=child_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
+
+
+def errors(out: subprocess.CompletedProcess) -> list[str]:
+    """The run's error lines; asserts it ended with status 1 and no traceback."""
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    return [line for line in out.stderr.splitlines() if " ERROR " in line]
+
+
+def trained(out: subprocess.CompletedProcess) -> str:
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stderr
+
+
+# ----------------------------------------------------------------------------- files
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_file_with_a_byte_order_mark_trains(suffix, tmp_path, tiny_cache):
+    """Checked against the records written here: a JSON-lines file and a JSON array that start
+    with the UTF-8 byte-order mark (what Excel's "CSV UTF-8" export and Notepad write) train on
+    all their records (before: "line 1 is not valid JSON: Unexpected UTF-8 BOM")."""
+    records = [json.loads(line) for line in SHIPPED.read_text().splitlines()[:40]]
+    text = ("\n".join(map(json.dumps, records)) if suffix == ".jsonl"
+            else json.dumps(records, indent=1))
+    path = tmp_path / f"train{suffix}"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    log = trained(finetune(tiny_cache, "--dataset", str(path), *QUICK))
+    assert "data: alpaca format, 40 training and 0 validation records" in log
+
+
+LLAMA_2_CHAT_TEMPLATE = (
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    "{% set system_message = messages[0]['content'] %}{% else %}"
+    "{% set loop_messages = messages %}{% set system_message = false %}{% endif %}"
+    "{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if loop.index0 == 0 and system_message != false %}"
+    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+    "{% else %}{% set content = message['content'] %}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}"
+    "{% endif %}{% endfor %}")
+"""meta-llama/Llama-2-7b-chat-hf's chat template (its tokenizer_config.json): a system turn
+only first, then user and assistant alternating; any other role raises or is dropped."""
+
+
+@pytest.fixture(scope="module")
+def llama2_chat_model(tmp_path_factory) -> Path:
+    """The tiny model with Llama-2-chat's template, as a local model directory."""
+    from transformers import AutoTokenizer
+
+    model = tiny.materialize(tmp_path_factory.mktemp("llama2chat") / "model", seed=7)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.chat_template = LLAMA_2_CHAT_TEMPLATE
+    tokenizer.save_pretrained(model)
+    return model
+
+
+def _chat(path: Path, conversations: list[list[tuple[str, str]]]) -> Path:
+    path.write_text("".join(json.dumps({"messages": [{"role": r, "content": c} for r, c in turns]})
+                            + "\n" for turns in conversations))
+    return path
+
+
+def test_a_role_the_chat_template_refuses_names_record_role_and_roles(llama2_chat_model,
+                                                                      tmp_path):
+    """Checked against Llama-2-chat's template (above): record 3 has a `tool` turn, which the
+    template refuses (here it raises where a user turn is due), so the run ends before the
+    model is built with the record, its line, the role and the roles the template renders
+    (before: a jinja2 TemplateError traceback)."""
+    hello = [("user", "hi"), ("assistant", "hello")]
+    data = _chat(tmp_path / "chat.jsonl", [hello, hello, [
+        ("system", "be brief"), ("user", "weather?"), ("assistant", "calling"),
+        ("tool", "{\"sunny\": true}"), ("assistant", "sunny")]] + [hello] * 20)
+    out = finetune(tmp_path / "cache", "--model", str(llama2_chat_model), "--dataset", str(data),
+                   *QUICK)
+    [error] = errors(out)
+    assert (f"--dataset {data}: record 3 (line 3): messages[3] has role 'tool', which the "
+            "model's chat template does not render") in error
+    assert "it renders system, user, assistant." in error
+    assert "model: " not in out.stderr  # refused before the model was built
+
+
+def test_turns_out_of_the_templates_order_name_the_record(llama2_chat_model, tmp_path):
+    """Checked against the same template: roles it knows, but two user turns in a row in
+    record 2; the template's own message, with the record."""
+    hello = [("user", "hi"), ("assistant", "hello")]
+    data = _chat(tmp_path / "chat.jsonl", [hello, [("user", "a"), ("user", "b"),
+                                                    ("assistant", "c")]] + [hello] * 20)
+    out = finetune(tmp_path / "cache", "--model", str(llama2_chat_model), "--dataset", str(data),
+                   *QUICK)
+    [error] = errors(out)
+    assert f"--dataset {data}: record 2 (line 2): the model's chat template refuses" in error
+    assert "Conversation roles must alternate" in error

@@ -153,12 +153,28 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def read_marker(path: Path) -> tuple[dict | None, str | None]:
+    """(the checkpoint's COMPLETE marker, None) or (None, what is wrong with it)."""
+    try:
+        marker = json.loads((path / COMPLETE_MARKER).read_text())
+    except (OSError, ValueError) as e:
+        return None, f"{COMPLETE_MARKER} is unreadable ({e})"
+    if not isinstance(marker, dict):
+        return None, f"{COMPLETE_MARKER} is not a JSON object"
+    return marker, None
+
+
 def best_checkpoint(root: Path) -> tuple[int, Path, float] | None:
     """(step, path, validation loss) of the complete checkpoint with the lowest validation loss
-    recorded in its marker (the newest among equals); None if none records one."""
+    recorded in its marker (the newest among equals); None if none records one. A marker that
+    cannot be read records none (resume sets such checkpoints aside; this only skips one that
+    was damaged since)."""
     scored = []
     for step, path in complete_checkpoints(root):
-        loss = json.loads((path / COMPLETE_MARKER).read_text() or "{}").get(EVAL_LOSS_KEY)
+        marker, problem = read_marker(path)
+        if problem is not None:
+            log.warning("checkpoint %s: %s; not a candidate for --keep-best", path, problem)
+        loss = (marker or {}).get(EVAL_LOSS_KEY)
         if loss is not None:
             scored.append((loss, -step, path))
     if not scored:
@@ -220,12 +236,9 @@ def check_file(directory: Path, name: str, expected: dict) -> str | None:
 def read_manifest(path: Path) -> tuple[dict | None, str | None]:
     """(files by name, None), (None, what is wrong), or (None, None) for a checkpoint written
     before manifests existed (its COMPLETE marker names none)."""
-    try:
-        marker = json.loads((path / COMPLETE_MARKER).read_text())
-    except (OSError, ValueError) as e:
-        return None, f"{COMPLETE_MARKER} is unreadable ({e})"
-    if not isinstance(marker, dict):
-        return None, f"{COMPLETE_MARKER} is not a JSON object"
+    marker, problem = read_marker(path)
+    if problem is not None:
+        return None, problem
     if "manifest_crc32" not in marker:
         return None, None
     try:
@@ -291,6 +304,7 @@ class Checkpointer:
                 if damaged:
                     log.warning("resumed from step %d (%s) instead of the damaged checkpoint(s) "
                                 "%s", step, path, "; ".join(damaged))
+                self._set_aside_unreadable([p for s, p in found[0] if s < step])
                 return path
             older = [s for s, _ in found[0] if s < step]
             aside = self._set_aside(path)
@@ -300,6 +314,18 @@ class Checkpointer:
                         f"falling back to step {older[-1]}" if older else
                         "no older complete checkpoint: starting from step 0")
         return None
+
+    def _set_aside_unreadable(self, older: list[Path]) -> None:
+        """Set aside the older checkpoints whose marker or manifest cannot be read (what
+        pruning and --keep-best read of them), with a warning: they could never be resumed.
+        Their shards are verified only if one is resumed or exported."""
+        found = [[(path, problem) for path in older
+                  if (problem := read_manifest(path)[1]) is not None]
+                 if self.env.is_main else None]
+        dist.broadcast_object_list(found, src=0)
+        for path, problem in found[0]:
+            log.warning("older checkpoint %s is damaged: %s. Set aside as %s for inspection",
+                        path, problem, self._set_aside(path))
 
     def verify(self, path: Path) -> list[str] | None:
         """Problems of a checkpoint (same list on every rank); None when verified sound, []

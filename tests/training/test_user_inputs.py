@@ -121,3 +121,28 @@ def test_turns_out_of_the_templates_order_name_the_record(llama2_chat_model, tmp
     [error] = errors(out)
     assert f"--dataset {data}: record 2 (line 2): the model's chat template refuses" in error
     assert "Conversation roles must alternate" in error
+
+
+# ----------------------------------------------------------------------------- checkpoints
+BEST = ["--seq-len", "512", "--seed", "7", "--eval-every", "1", "--keep-best",
+        "--checkpoint-every", "1", "--keep-checkpoints", "3"]
+"""Evaluate and checkpoint every step, keep three (and the best)."""
+
+
+def test_keep_best_resume_sets_aside_an_older_checkpoint_with_a_garbled_marker(tmp_path,
+                                                                               tiny_cache):
+    """Checked against the directory: 3 steps, step 1's COMPLETE marker garbled, resumed to
+    step 5 with --keep-best: the run finishes and exports, step 1 is set aside as damaged.*
+    with a warning naming it, steps 2..5 stay complete (before: a JSONDecodeError traceback
+    from pruning after training had resumed)."""
+    ckpt = tmp_path / "ckpt"
+    trained(finetune(tiny_cache, *BEST, "--max-steps", "3", "--checkpoint-dir", str(ckpt)))
+    (ckpt / "step_00000001" / "COMPLETE").write_text('{"step": 1, "eval_lo')
+    log = trained(finetune(tiny_cache, *BEST, "--max-steps", "5", "--checkpoint-dir", str(ckpt),
+                           "--output-dir", str(tmp_path / "export")))
+    assert f"resumed from {ckpt}/step_00000003" in log
+    assert f"older checkpoint {ckpt}/step_00000001 is damaged: COMPLETE is unreadable" in log
+    assert [p.name.split(".")[:2] for p in ckpt.glob("damaged.*")] == [["damaged", "step_00000001"]]
+    kept = {int(p.name[5:]) for p in ckpt.glob("step_*")}
+    assert {3, 4, 5} <= kept and len(kept) <= 4, kept  # the newest three, and the best if older
+    assert (tmp_path / "export" / "config.json").is_file()

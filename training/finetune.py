@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -104,10 +105,24 @@ def _file_in_the_way(paths: Sequence[Path]) -> Path | None:
     return next((p for p in paths if p.exists() and not p.is_dir()), None)
 
 
+def _unwritable(directory: Path) -> str | None:
+    """Why this process cannot create a file in ``directory`` (or, where it does not exist
+    yet, in its nearest existing parent, where it will be created), or None: a real probe file
+    created and removed, since permission bits, read-only mounts and quotas all show only then."""
+    base = next(p for p in (directory, *directory.parents) if p.exists())
+    try:
+        with tempfile.NamedTemporaryFile(dir=base, prefix=".write-probe-"):
+            pass
+    except OSError as e:
+        return f"this process (uid {os.geteuid()}) cannot create files in {base} ({e.strerror})"
+    return None
+
+
 def _check_paths(cfg: JobConfig) -> None:
     """Refuse output paths that cannot be used, before any data is read or model built: an
     existing file (or a file among the parents) where a directory must go, a directory where
-    the metrics file must go, and --keep-best without checkpoints to choose from."""
+    the metrics file must go, a directory this process cannot write in, and --keep-best without
+    checkpoints to choose from."""
     c = cfg.checkpoint
     for name, value in (("checkpoint_dir", c.checkpoint_dir), ("output_dir", c.output_dir)):
         if value is None:
@@ -118,6 +133,12 @@ def _check_paths(cfg: JobConfig) -> None:
             what = "" if blocking == path else f": {blocking} is a file"
             raise UserError(f"{flag(name)} {value}: exists and is not a directory{what}; give "
                             "a directory path (it is created if missing)")
+        # Every rank writes its checkpoint shards into the directory; the export is written
+        # beside --output-dir and renamed into place.
+        why = _unwritable(path if name == "checkpoint_dir" else path.parent)
+        if why is not None:
+            raise UserError(f"{flag(name)} {value}: {why}; give a directory the job's user can "
+                            "write (e.g. on the shared /fsx volume) or make this one writable")
     metrics = cfg.metrics.metrics_file
     if metrics is not None and Path(metrics).expanduser().is_dir():
         raise UserError(f"--metrics-file {metrics}: is a directory; give a file path")
@@ -125,6 +146,10 @@ def _check_paths(cfg: JobConfig) -> None:
     if blocking is not None:
         raise UserError(f"--metrics-file {metrics}: {blocking} is a file, not a directory; give "
                         "a file path whose directories can be created")
+    why = None if metrics is None else _unwritable(Path(metrics).expanduser().parent)
+    if why is not None:
+        raise UserError(f"--metrics-file {metrics}: {why}; give a file path the job's user can "
+                        "write")
     if c.keep_best and c.checkpoint_dir is None:
         raise UserError("--keep-best: needs --checkpoint-dir (the best checkpoint is kept there "
                         "and exported at the end)")

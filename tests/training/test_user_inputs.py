@@ -6,6 +6,8 @@ Each run either trains or ends with one error line and status 1, never a traceba
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,10 +24,10 @@ QUICK = ["--seq-len", "512", "--max-steps", "1", "--val-fraction", "0", "--seed"
 """One optimizer step of the tiny preset on one process."""
 
 
-def finetune(cache: Path, *flags: str, env: dict | None = None,
+def finetune(cache: Path, *flags: str, env: dict | None = None, prefix: tuple[str, ...] = (),
              timeout: float = 480) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "training.finetune", "--cache-dir", str(cache), *flags],
+        [*prefix, sys.executable, "-m", "training.finetune", "--cache-dir", str(cache), *flags],
         cwd=REPO, env=child_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
 
 
@@ -146,3 +148,38 @@ def test_keep_best_resume_sets_aside_an_older_checkpoint_with_a_garbled_marker(t
     kept = {int(p.name[5:]) for p in ckpt.glob("step_*")}
     assert {3, 4, 5} <= kept and len(kept) <= 4, kept  # the newest three, and the best if older
     assert (tmp_path / "export" / "config.json").is_file()
+
+
+def _without_root_override() -> tuple[str, ...]:
+    """The command prefix that makes permission bits bind this test's process: as root (CI
+    containers), util-linux's setpriv drops the capabilities that let root write anywhere
+    (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH), so the process is checked like the directories'
+    owner, as a non-root pod user is; as another user, nothing is needed."""
+    if os.geteuid() != 0:
+        return ()
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without util-linux's setpriv: root ignores permission bits")
+    return ("setpriv", "--bounding-set=-dac_override,-dac_read_search")
+
+
+@pytest.mark.parametrize("flag", ["--checkpoint-dir", "--output-dir", "--metrics-file"])
+def test_a_directory_the_job_cannot_write_is_refused_before_the_data(flag, tmp_path):
+    """Checked against a directory with mode 0555 (r-x for everyone, as a mount without
+    write permission or another user's directory looks to the job): the run ends with one
+    error naming the flag, the directory and the system's reason, before the data is read
+    (the dataset named here does not exist) and before the model is fetched (before: a
+    PermissionError traceback after 3 trained steps, when the first checkpoint was saved)."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    value = {"--checkpoint-dir": locked, "--output-dir": locked / "model",
+             "--metrics-file": locked / "metrics.jsonl"}[flag]
+    locked.chmod(0o555)
+    try:
+        out = finetune(tmp_path / "cache", flag, str(value), "--dataset",
+                       str(tmp_path / "missing.jsonl"), prefix=_without_root_override())
+    finally:
+        locked.chmod(0o755)
+    [error] = errors(out)
+    assert f"{flag} {value}: this process (uid " in error
+    assert f"cannot create files in {locked} (Permission denied)" in error
+    assert not (tmp_path / "cache").exists() and not list(locked.iterdir())

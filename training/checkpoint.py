@@ -2,7 +2,8 @@
 
 Layout of --checkpoint-dir (a filesystem every node sees, e.g. FSx for Lustre)::
 
-    step_00000100/           a complete checkpoint: DCP shards, .metadata, MANIFEST.json, COMPLETE
+    step_00000100/           a complete checkpoint: DCP shards, .metadata, MANIFEST.json,
+                             RUN.json (the run's settings), COMPLETE
     .step_00000200.tmp/      a save in progress (or one that died): never resumed
     damaged.step_00000300.<time>/   a checkpoint that failed verification, set aside, never resumed
 
@@ -69,6 +70,8 @@ TMP_SUFFIX = ".tmp"
 DAMAGED_PREFIX = "damaged."
 COMPLETE_MARKER = "COMPLETE"
 MANIFEST = "MANIFEST.json"
+RUN_RECORD = "RUN.json"
+"""What the run that wrote a checkpoint was started with (training/run_record.py)."""
 DCP_METADATA = ".metadata"
 MODEL_KEY, OPTIMIZER_KEY, TRAINER_KEY = "model", "optimizer", "trainer"
 EVAL_LOSS_KEY = "eval_loss"
@@ -268,8 +271,10 @@ class Checkpointer:
     with keep_best, the one with the lowest validation loss)."""
 
     def __init__(self, root: str, keep: int, env: DistEnv, *, async_save: bool = True,
-                 timeout_s: float = 600.0, keep_best: bool = False):
+                 timeout_s: float = 600.0, keep_best: bool = False,
+                 run_record: dict | None = None):
         self.root, self.keep, self.env = Path(root), keep, env
+        self.run_record = run_record
         self.async_save, self.timeout_s, self.keep_best = async_save, timeout_s, keep_best
         if env.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -345,6 +350,18 @@ class Checkpointer:
         dist.all_gather_object(everyone, mine)
         problems = sorted(p for ps in everyone for p in ps)
         return problems or None
+
+    def run_record_of(self, path: Path) -> dict | None:
+        """The RUN.json of a checkpoint as rank 0 reads it (None if it has none or it cannot
+        be read: a checkpoint of an older version); the same on every rank."""
+        record: list = [None]
+        if self.env.is_main:
+            try:
+                record[0] = json.loads((path / RUN_RECORD).read_text())
+            except (OSError, ValueError):
+                pass
+        dist.broadcast_object_list(record, src=0)
+        return record[0]
 
     def best(self) -> tuple[int, Path, float] | None:
         """`best_checkpoint` as rank 0 sees it, once any pending save is complete (all ranks
@@ -453,6 +470,8 @@ class Checkpointer:
             manifest = {name: entry for files in everyone for name, entry in files.items()}
             on_disk = {f.name for f in p.tmp.iterdir()}
             assert on_disk == set(manifest), f"unlisted or unwritten files: {on_disk ^ set(manifest)}"
+            if self.run_record is not None:
+                _write_synced(p.tmp / RUN_RECORD, json.dumps(self.run_record, indent=1))
             raw = json.dumps({"step": p.step, "files": manifest}, indent=1, sort_keys=True)
             _write_synced(p.tmp / MANIFEST, raw)
             _write_synced(p.tmp / COMPLETE_MARKER, json.dumps(

@@ -28,7 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from training import hub
-from training.checkpoint import EVAL_LOSS_KEY, Checkpointer, TrainerState
+from training.checkpoint import EVAL_LOSS_KEY, RUN_RECORD, Checkpointer, TrainerState
 from training.config import JobConfig, OptimConfig, flag, parse_args
 from training.dataset import (
     IGNORE_INDEX,
@@ -66,6 +66,7 @@ from training.parallel import (
     strategy,
 )
 from training.prometheus import NoMetrics, TrainingMetrics
+from training.run_record import compare, data_fingerprint, run_record
 
 log = logging.getLogger("training")
 
@@ -302,21 +303,36 @@ def evaluate(model: nn.Module, val: PackedData, batch_size: int, env: DistEnv) -
 
 
 # ----------------------------------------------------------------------------- resume
-def _build_checkpointer(cfg: JobConfig, env: DistEnv) -> Checkpointer | None:
+def _build_checkpointer(cfg: JobConfig, env: DistEnv, data: PackedData) -> Checkpointer | None:
     c = cfg.checkpoint
     if not c.checkpoint_dir:
         log.warning("no --checkpoint-dir: a failure loses all progress of this run")
         return None
+    record = run_record(cfg, env.world_size, data_fingerprint(data.inputs, data.targets))
     return Checkpointer(c.checkpoint_dir, c.keep_checkpoints, env, async_save=c.async_checkpoint,
-                        timeout_s=cfg.parallel.collective_timeout_s, keep_best=c.keep_best)
+                        timeout_s=cfg.parallel.collective_timeout_s, keep_best=c.keep_best,
+                        run_record=record)
 
 
 def _resume(ckpt: Checkpointer | None, model: nn.Module, optimizer: torch.optim.Optimizer,
             state: TrainerState) -> None:
-    """Load the latest complete checkpoint, if there is one."""
+    """Load the latest complete checkpoint, if there is one, and check what this run changes
+    against the run that wrote it (training/run_record.py)."""
     latest = ckpt.resume(model, optimizer, state) if ckpt else None
-    if latest is not None:
-        log.info("resumed from %s (step %d, epoch %d)", latest, state.step, state.epoch)
+    if latest is None:
+        return
+    log.info("resumed from %s (step %d, epoch %d)", latest, state.step, state.epoch)
+    old = ckpt.run_record_of(latest)
+    if old is None:
+        log.warning("checkpoint %s has no %s (an older version wrote it): what this run "
+                    "changes against it is not checked", latest, RUN_RECORD)
+        return
+    refused, warnings = compare(old, ckpt.run_record, state.step)
+    if refused:
+        raise UserError(f"--checkpoint-dir {ckpt.root}: cannot resume {latest.name}: "
+                        + "; ".join(refused))
+    for warning in warnings:
+        log.warning("resuming %s: %s", latest.name, warning)
 
 
 def _set_horizon(cfg: JobConfig, sampler: StepSampler, state: TrainerState,
@@ -434,10 +450,9 @@ def _checkpoint_due(cfg: JobConfig, run: _Run, step: int, evaluated: bool) -> bo
                                      or (evaluated and cfg.checkpoint.keep_best))
 
 
-def _save(cfg: JobConfig, run: _Run, step: int, evaluated: bool) -> None:
-    run.ckpt.save(step, run.model, run.optimizer, run.state, {
-        "config": cfg.to_dict(),
-        **({EVAL_LOSS_KEY: run.evals[-1]["eval/loss"]} if evaluated else {})})
+def _save(run: _Run, step: int, evaluated: bool) -> None:
+    run.ckpt.save(step, run.model, run.optimizer, run.state,
+                  {EVAL_LOSS_KEY: run.evals[-1]["eval/loss"]} if evaluated else {})
 
 
 def _train(cfg: JobConfig, run: _Run, out: _Outputs, flops_token: float,
@@ -455,7 +470,7 @@ def _train(cfg: JobConfig, run: _Run, out: _Outputs, flops_token: float,
         if evaluated:
             out.eval(_evaluate(cfg, run, env))
         if _checkpoint_due(cfg, run, step, evaluated):
-            _save(cfg, run, step, evaluated)
+            _save(run, step, evaluated)
             out.prom.observe_checkpoint()
         if delay:
             time.sleep(delay)
@@ -506,7 +521,7 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
     scheduler = build_scheduler(optimizer, cfg.optim, total=1)  # the horizon is set after resume
     state = TrainerState(scheduler)
     torch.manual_seed(cfg.train.seed)  # identical RNG on every rank from here on
-    ckpt = _build_checkpointer(cfg, env)
+    ckpt = _build_checkpointer(cfg, env, data)
     _resume(ckpt, model, optimizer, state)
     total = _set_horizon(cfg, sampler, state, scheduler)
     run_ = _Run(model, optimizer, scheduler, ckpt, data, val, sampler, state, total)

@@ -183,3 +183,69 @@ def test_a_directory_the_job_cannot_write_is_refused_before_the_data(flag, tmp_p
     assert f"{flag} {value}: this process (uid " in error
     assert f"cannot create files in {locked} (Permission denied)" in error
     assert not (tmp_path / "cache").exists() and not list(locked.iterdir())
+
+
+# ----------------------------------------------------------------------------- resumes
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory, tiny_cache) -> Path:
+    """A checkpoint of step 2: the tiny preset on its own copy of the shipped data (DATA beside
+    the checkpoint), --seq-len 512, --batch-size 1, seed 7."""
+    work = tmp_path_factory.mktemp("two_steps")
+    shutil.copy(SHIPPED, work / "data.jsonl")
+    trained(finetune(tiny_cache, *QUICK[:-4], "--seed", "7", "--val-fraction", "0",
+                     "--max-steps", "2", "--dataset", str(work / "data.jsonl"),
+                     "--checkpoint-dir", str(work / "ckpt")))
+    return work / "ckpt"
+
+
+def _resume(ckpt: Path, tmp_path: Path, *flags: str, cache: Path) -> tuple[Path, subprocess.CompletedProcess]:
+    """A copy of the checkpoint directory resumed with the fixture's flags, then ``flags``."""
+    shutil.copytree(ckpt, tmp_path / "ckpt")
+    return tmp_path / "ckpt", finetune(
+        cache, *QUICK[:-4], "--seed", "7", "--val-fraction", "0", "--max-steps", "3",
+        "--dataset", str(ckpt.parent / "data.jsonl"), "--checkpoint-dir", str(tmp_path / "ckpt"),
+        *flags)
+
+
+@pytest.mark.parametrize("changes, named", [
+    (["--seq-len", "256"], "--seq-len 512 -> 256"),
+    (["--seed", "8"], "--seed 7 -> 8"),
+    ([], "the dataset's content or the tokenizer ("),
+], ids=["seq-len", "seed", "dataset-content"])
+def test_a_resume_whose_data_order_differs_is_refused(changes, named, two_steps, tmp_path,
+                                                      tiny_cache):
+    """Checked against the settings of the run that wrote the checkpoint (the fixture's
+    flags): another --seq-len (other packed rows), --seed (another order) or the same dataset
+    file edited (its first record dropped) makes its data position meaningless: refused,
+    naming the old and new value or the data (before: the run continued silently)."""
+    data = two_steps.parent / "data.jsonl"
+    if not changes:
+        data.write_text("\n".join(SHIPPED.read_text().splitlines()[1:]) + "\n")
+    try:
+        ckpt, out = _resume(two_steps, tmp_path, *changes, cache=tiny_cache)
+    finally:
+        shutil.copy(SHIPPED, data)
+    [error] = errors(out)
+    assert f"--checkpoint-dir {ckpt}: cannot resume step_00000002: the training data or its " \
+           "order differs from the checkpoint's" in error
+    assert named in error
+    assert not (ckpt / "step_00000003").exists()
+
+
+def test_a_resume_with_another_batch_or_learning_rate_continues_with_warnings(two_steps,
+                                                                              tmp_path,
+                                                                              tiny_cache):
+    """Checked against the fixture's flags: --batch-size 1 -> 2 and --learning-rate 2e-5 ->
+    1e-3 continue from step 2 to 3, each with a warning naming the old and new value and what
+    happens (the global batch changes; the learning rate is the checkpoint's, which the step's
+    logged lr shows: at most the default 2e-5, not 1e-3)."""
+    metrics = tmp_path / "metrics.jsonl"
+    ckpt, out = _resume(two_steps, tmp_path, "--batch-size", "2", "--learning-rate", "1e-3",
+                        "--metrics-file", str(metrics), cache=tiny_cache)
+    log = trained(out)
+    assert "the global batch changes from 1 to 2 sequences (--batch-size 1 -> 2)" in log
+    assert "--learning-rate 2e-05 -> 0.001: the checkpoint's value continues" in log
+    [step3] = [json.loads(line) for line in metrics.read_text().splitlines()
+               if '"train/step": 3' in line]
+    assert step3["train/lr"] <= 2e-5
+    assert (ckpt / "step_00000003" / "RUN.json").is_file()

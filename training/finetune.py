@@ -8,6 +8,7 @@ variables named FSDP_EKS_TEST_* (see `checkpoint.TEST_KILL_IN_SAVE_ENV` and `TES
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import logging
@@ -65,6 +66,7 @@ from training.parallel import (
     set_requires_gradient_sync,
     strategy,
 )
+from training.owner import DirectoryOwner
 from training.prometheus import NoMetrics, TrainingMetrics
 from training.run_record import compare, data_fingerprint, run_record
 
@@ -154,6 +156,25 @@ def _check_paths(cfg: JobConfig) -> None:
     if c.keep_best and c.checkpoint_dir is None:
         raise UserError("--keep-best: needs --checkpoint-dir (the best checkpoint is kept there "
                         "and exported at the end)")
+
+
+def _own_checkpoint_dir(cfg: JobConfig, env: DistEnv) -> None:
+    """Take the --checkpoint-dir for this run (training/owner.py), on rank 0, before anything
+    is read; every rank raises the same refusal. Released when the process exits, after a
+    finished or a failed run (a killed run's claim lapses by the module's rules)."""
+    if cfg.checkpoint.checkpoint_dir is None:
+        return
+    refusal: list = [None]
+    if env.is_main:
+        owner = DirectoryOwner(Path(cfg.checkpoint.checkpoint_dir).expanduser())
+        try:
+            owner.take()
+            atexit.register(owner.release)
+        except UserError as e:
+            refusal[0] = str(e)
+    dist.broadcast_object_list(refusal, src=0)
+    if refusal[0] is not None:
+        raise UserError(refusal[0])
 
 
 def _build_records(cfg: JobConfig, env: DistEnv) -> Records:
@@ -512,6 +533,7 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
 
     _check_paths(cfg)
     check_precision(cfg.model.precision, env.device)
+    _own_checkpoint_dir(cfg, env)
     records = _build_records(cfg, env)
     model_dir = hub.fetch_model(cfg.model.model, cfg.model.cache_dir, cfg.train.seed, env)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -249,3 +250,63 @@ def test_a_resume_with_another_batch_or_learning_rate_continues_with_warnings(tw
                if '"train/step": 3' in line]
     assert step3["train/lr"] <= 2e-5
     assert (ckpt / "step_00000003" / "RUN.json").is_file()
+
+
+# ----------------------------------------------------------------------------- ownership
+def test_a_second_run_on_a_directory_in_use_is_refused_naming_the_owner(tmp_path, tiny_cache):
+    """Checked against the first run's process: while it trains (slowed by the step-delay test
+    hook), a second run on its --checkpoint-dir ends with one error naming the owner's host,
+    pid and start, before reading data; the first finishes all its steps and its checkpoints,
+    and leaves the directory free (before: the first run failed and the second continued from
+    its checkpoints)."""
+    import socket
+
+    ckpt = tmp_path / "ckpt"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "training.finetune", "--cache-dir", str(tiny_cache), *QUICK[:2],
+         "--max-steps", "4", "--val-fraction", "0", "--checkpoint-every", "2",
+         "--checkpoint-dir", str(ckpt)], cwd=REPO,
+        env=child_env(FSDP_EKS_TEST_STEP_DELAY_S="3"), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (ckpt / "OWNER.json").exists() and first.poll() is None:
+            assert time.monotonic() < deadline, "the first run never took the directory"
+            time.sleep(0.2)
+        second = finetune(tiny_cache, *QUICK, "--checkpoint-dir", str(ckpt),
+                          "--dataset", str(tmp_path / "missing.jsonl"))
+        _, first_log = first.communicate(timeout=480)
+    finally:
+        first.kill()
+    [error] = errors(second)
+    assert (f"--checkpoint-dir {ckpt}: another run owns it (host {socket.gethostname()}, "
+            f"pid {first.pid}, run id None, started ") in error
+    assert first.returncode == 0, first_log[-3000:]
+    assert sorted(p.name for p in ckpt.glob("step_*")) == ["step_00000002", "step_00000004"]
+    assert not (ckpt / "OWNER.json").exists()
+
+
+@pytest.mark.parametrize("owner, age_s, env", [
+    ({"host": "THIS", "pid": "DEAD", "run_id": None}, 0, {}),
+    ({"host": "node-7", "pid": 1, "run_id": "job-a"}, 3600, {}),
+    ({"host": "node-7", "pid": 1, "run_id": "job-a"}, 0, {"TORCHELASTIC_RUN_ID": "job-a"}),
+], ids=["dead-pid-on-this-host", "old-heartbeat-elsewhere", "same-job-restarted"])
+def test_a_gone_owner_does_not_block_a_restart(owner, age_s, env, tmp_path, tiny_cache):
+    """Checked against owner files written here as a killed run leaves them: a pid that has
+    exited on this host; a heartbeat an hour old on another host (the limit is 5 minutes); a
+    fresh heartbeat of the same job (torchrun's run id: a restarted group of the PyTorchJob).
+    Each run trains; the first two say whose claim they take over."""
+    import socket
+
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                            capture_output=True, text=True, check=True)
+    owner = {**owner, "started": time.time() - age_s}
+    if owner["host"] == "THIS":
+        owner.update(host=socket.gethostname(), pid=int(exited.stdout))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "OWNER.json").write_text(json.dumps(owner))
+    os.utime(ckpt / "OWNER.json", (owner["started"], owner["started"]))
+    log = trained(finetune(tiny_cache, *QUICK, "--checkpoint-dir", str(ckpt), env=env))
+    assert ("taking it over from a run that is gone" in log) == (not env)
+    assert (ckpt / "step_00000001" / "COMPLETE").is_file()

@@ -59,6 +59,19 @@ def test_a_file_with_a_byte_order_mark_trains(suffix, tmp_path, tiny_cache):
     assert "data: alpaca format, 40 training and 0 validation records" in log
 
 
+def test_data_on_s3_is_refused_with_the_recipe_that_works(tmp_path):
+    """Checked against the command line's contract (a usage error, status 2, before anything
+    runs): an s3:// dataset names the flag and the two ways that work, a copy on the shared
+    volume or an FSx data repository association (before: it passed and failed in the pod as
+    "no such file")."""
+    out = finetune(tmp_path / "cache", "--dataset", "s3://my-bucket/train.jsonl")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    [error] = [line for line in out.stderr.splitlines() if "error:" in line]
+    assert "--dataset: is a URL, and the job reads a local path or a Hugging Face dataset" in error
+    assert "aws s3 cp s3://bucket/train.jsonl /fsx/data/train.jsonl" in error
+    assert "create-data-repository-association" in error
+
+
 LLAMA_2_CHAT_TEMPLATE = (
     "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
     "{% set system_message = messages[0]['content'] %}{% else %}"

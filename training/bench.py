@@ -46,10 +46,10 @@ from torch.distributed.tensor import DTensor  # noqa: E402
 from training import hub, shapes, tiny  # noqa: E402
 from training.config import JobConfig, flag, parse_args  # noqa: E402
 from training.dist import DistEnv, init_distributed  # noqa: E402
-from training.finetune import (build_model, build_scheduler, describe,  # noqa: E402
+from training.finetune import (build_model, describe,  # noqa: E402
                                parallelize_model, set_runtime_defaults, setup_logging, train_step)
 from training.metrics import peak_flops, perf_metrics  # noqa: E402
-from training.optim import build_optimizer  # noqa: E402
+from training.optim import build_optimizer, build_scheduler  # noqa: E402
 from training.parallel import check_precision, strategy  # noqa: E402
 from training.model import init_random_, meta_model_from_config  # noqa: E402
 

@@ -42,9 +42,9 @@ import logging
 import os
 import random
 import shutil
-import signal
 import time
 import zlib
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,11 +78,6 @@ EVAL_LOSS_KEY = "eval_loss"
 """Key of the validation loss in a COMPLETE marker, when the step was evaluated (--keep-best)."""
 CHUNK = 16 << 20
 """Bytes read at a time when checksumming."""
-
-TEST_KILL_IN_SAVE_ENV = "FSDP_EKS_TEST_KILL_IN_SAVE_AT_STEP"
-"""Test hook: on the first attempt (TORCHELASTIC_RESTART_COUNT=0), the last rank SIGKILLs itself
-after writing its shards of this step's checkpoint, before the checkpoint is marked complete."""
-
 
 class ModelState(Stateful):
     def __init__(self, model: nn.Module):
@@ -268,13 +263,16 @@ class _PendingSave:
 
 class Checkpointer:
     """Save and load the whole training state; keep the newest K complete checkpoints (and,
-    with keep_best, the one with the lowest validation loss)."""
+    with keep_best, the one with the lowest validation loss); say when a save is due.
+    ``on_files_written(step)`` runs on each rank once its files of a save are written, before
+    the checkpoint is complete (the tests' fault hook)."""
 
     def __init__(self, root: str, keep: int, env: DistEnv, *, async_save: bool = True,
-                 timeout_s: float = 600.0, keep_best: bool = False,
-                 run_record: dict | None = None):
-        self.root, self.keep, self.env = Path(root), keep, env
-        self.run_record = run_record
+                 timeout_s: float = 600.0, keep_best: bool = False, every: int = 0,
+                 run_record: dict | None = None,
+                 on_files_written: Callable[[int], None] | None = None):
+        self.root, self.keep, self.env, self.every = Path(root), keep, env, every
+        self.run_record, self.on_files_written = run_record, on_files_written
         self.async_save, self.timeout_s, self.keep_best = async_save, timeout_s, keep_best
         if env.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -286,6 +284,12 @@ class Checkpointer:
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash")
         self.pending: _PendingSave | None = None
         dist.barrier()
+
+    def due(self, step: int, last: int, evaluated: bool) -> bool:
+        """Every ``every`` steps (0: never in between), after the last step, and with
+        keep_best after every evaluation."""
+        return bool(self.every and step % self.every == 0) or step == last or (
+            evaluated and self.keep_best)
 
     def _state(self, model, optimizer, trainer: TrainerState) -> dict:
         return {MODEL_KEY: ModelState(model), OPTIMIZER_KEY: OptimizerState(model, optimizer),
@@ -463,7 +467,8 @@ class Checkpointer:
     def _commit(self) -> None:
         p, self.pending = self.pending, None
         mine = p.files.result()  # the writer's or hasher's exception, if any, fails this rank
-        _maybe_die_for_test(p.step, self.env)
+        if self.on_files_written is not None:
+            self.on_files_written(p.step)
         everyone: list = [None] * self.env.world_size
         dist.all_gather_object(everyone, mine)
         if self.env.is_main:
@@ -506,12 +511,3 @@ class Checkpointer:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"
-
-
-def _maybe_die_for_test(step: int, env: DistEnv) -> None:
-    if (os.environ.get(TEST_KILL_IN_SAVE_ENV) == str(step)
-            and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-            and env.rank == env.world_size - 1):
-        log.warning("test hook %s: rank %d dies while saving step %d", TEST_KILL_IN_SAVE_ENV,
-                    env.rank, step)
-        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,5 +1,5 @@
 """The optimizer step: AdamW with gradient-norm clipping, and at world size 1 a fused variant
-that also writes the next step's compute-dtype weights.
+that also writes the next step's compute-dtype weights; and its learning-rate schedule.
 
 With FSDP the step is PyTorch's fused AdamW after `clip_grad_norm_`. At world size 1 with
 `parallel.LocalMixedPrecision` that sequence costs five passes over memory per parameter and step:
@@ -202,3 +202,34 @@ class LocalAdamW(torch.optim.AdamW):
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)
         self.local.drop_grads()
+
+
+# ----------------------------------------------------------------------------- the schedule
+class WarmupCosine:
+    """LR factor: linear warm-up to 1 over `warmup` steps, cosine down to `min_ratio` at the
+    last step. A callable object, so LambdaLR's state_dict carries its fields."""
+
+    def __init__(self, warmup: int, total: int, min_ratio: float):
+        self.warmup, self.total, self.min_ratio = warmup, total, min_ratio
+
+    def __call__(self, done: int) -> float:
+        if done < self.warmup:
+            return (done + 1) / self.warmup
+        progress = min(1.0, (done - self.warmup) / max(1, self.total - self.warmup - 1))
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig,
+                    total: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The learning-rate schedule: `WarmupCosine` ending at step `total`."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, WarmupCosine(cfg.warmup_steps, total, cfg.min_lr_ratio))
+
+
+def set_horizon(scheduler: torch.optim.lr_scheduler.LambdaLR, total: int) -> None:
+    """End the schedule at step ``total`` (after a resume: a new --max-steps or world size
+    moves it) and set the learning rate of the next step accordingly."""
+    schedule = scheduler.lr_lambdas[0]
+    schedule.total = total
+    for group, base_lr in zip(scheduler.optimizer.param_groups, scheduler.base_lrs):
+        group["lr"] = base_lr * schedule(scheduler.last_epoch)

@@ -196,7 +196,7 @@ def test_random_init_draws_every_matrix_afresh():
 def test_warmup_then_cosine():
     """Checked against the schedule's definition: linear warm-up to the peak, cosine down to
     min_lr_ratio at the last step."""
-    from training.finetune import WarmupCosine
+    from training.optim import WarmupCosine
 
     s = WarmupCosine(warmup=4, total=20, min_ratio=0.1)
     assert [s(i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
@@ -285,7 +285,7 @@ def test_out_of_memory_message(monkeypatch, capsys, world_of_one):
     run ends with status 1 and one message naming the four remedies."""
     from training import finetune
 
-    def oom(cfg, env):
+    def oom(cfg, env, faults=None):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 
     monkeypatch.setattr(finetune, "run", oom)

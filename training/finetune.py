@@ -52,16 +52,15 @@ from training.metrics import (
     step_metrics,
 )
 from training.model import allocate, build_meta_model, load_weights, set_sdpa_backend
-from training.optim import build_optimizer, build_scheduler, clip_and_step, set_horizon
+from training.optim import build_optimizer, build_scheduler, set_horizon
 from training.owner import DirectoryOwner
 from training.parallel import (
     DTYPES,
+    Parallelism,
     build_mesh,
     check_precision,
     compute_dtype,
     parallelize,
-    set_requires_gradient_sync,
-    strategy,
 )
 from training.reporting import MetricsLogger
 from training.run_record import compare, data_fingerprint, run_record
@@ -210,36 +209,36 @@ def _build_data(cfg: JobConfig, records: Records, tokenizer,
 
 
 def parallelize_model(cfg: JobConfig, model: nn.Module, env: DistEnv,
-                      fsdp_at_world_1: bool = False) -> tuple[DeviceMesh, dict]:
+                      fsdp_at_world_1: bool = False) -> tuple[DeviceMesh, Parallelism]:
     """A meta-device model -> attention backend, loss forward, AC, compile, fully_shard (local
     mixed precision at world size 1) -> storage for this rank's shards (uninitialised)."""
     set_sdpa_backend(cfg.model.sdpa_backend, env.device)
     install_loss_forward(model, fused=cfg.model.loss == "fused")
     mesh = build_mesh(cfg.parallel, env)
-    wrapped = parallelize(model, cfg.parallel, mesh,
-                          compute_dtype(cfg.model.precision, env.device),
-                          fp8=cfg.model.precision == "fp8",
-                          fsdp_at_world_1=fsdp_at_world_1)
+    parallel = parallelize(model, cfg.parallel, mesh,
+                           compute_dtype(cfg.model.precision, env.device),
+                           fp8=cfg.model.precision == "fp8",
+                           fsdp_at_world_1=fsdp_at_world_1)
     allocate(model, env.device)
-    return mesh, wrapped
+    return mesh, parallel
 
 
-def build_model(cfg: JobConfig, model_dir: Path, env: DistEnv) -> nn.Module:
+def build_model(cfg: JobConfig, model_dir: Path, env: DistEnv) -> tuple[nn.Module, Parallelism]:
     """The model of `model_dir`, ready to train: meta-device model -> `parallelize_model` ->
-    load weights."""
+    load weights; and what `parallelize` did to it."""
     model = build_meta_model(model_dir)
-    mesh, wrapped = parallelize_model(cfg, model, env)
+    mesh, parallel = parallelize_model(cfg, model, env)
     started = time.perf_counter()
     read = all_sum(load_weights(model, model_dir), env.device)
     log.info("model: %s, mesh %s, wrapped %s; loaded %.1f MB of weights across ranks in %.1f s",
-             type(model).__name__, dict(zip(mesh.mesh_dim_names, mesh.shape)), wrapped,
+             type(model).__name__, dict(zip(mesh.mesh_dim_names, mesh.shape)), parallel.wrapped,
              read / 2**20, time.perf_counter() - started)
     model.train()
-    return model
+    return model, parallel
 
 
 # ----------------------------------------------------------------------------- the step
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
+def train_step(model: nn.Module, parallel: Parallelism, optimizer: torch.optim.Optimizer,
                scheduler: torch.optim.lr_scheduler.LRScheduler,
                micro_batches: list[tuple[torch.Tensor, ...]], max_grad_norm: float,
                env: DistEnv) -> tuple[torch.Tensor, torch.Tensor]:
@@ -258,7 +257,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     scale = None
     loss_sum = torch.zeros((), device=env.device)
     for i, batch in enumerate(micro_batches):  # (inputs, labels, position ids)
-        set_requires_gradient_sync(model, i == len(micro_batches) - 1)
+        parallel.set_requires_gradient_sync(model, i == len(micro_batches) - 1)
         loss = model(*batch)  # summed token loss (training/loss.py)
         if scale is None:
             counted.wait()  # the compute stream waits; the host does not
@@ -266,7 +265,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
             scale = (env.world_size / targets).float()
         (loss * scale).backward()
         loss_sum += loss.detach()
-    grad_norm = clip_and_step(model, optimizer, max_grad_norm)
+    grad_norm = optimizer.clip_and_step(max_grad_norm)  # LocalAdamW or ClippedAdamW
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     dist.all_reduce(loss_sum)
@@ -325,6 +324,7 @@ class _Run:
     """What the loop works on (keeps `run` readable)."""
 
     model: nn.Module
+    parallel: Parallelism
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     ckpt: Checkpointer | None
@@ -352,7 +352,7 @@ def _step(cfg: JobConfig, run: _Run, step: int, flops_token: float, peak: float 
     started = time.perf_counter()
     lr = run.optimizer.param_groups[0]["lr"]
     loss, grad_norm = (float(t) for t in train_step(
-        run.model, run.optimizer, run.scheduler, _micro_batches(run, env.device),
+        run.model, run.parallel, run.optimizer, run.scheduler, _micro_batches(run, env.device),
         cfg.optim.max_grad_norm, env))
     elapsed = time.perf_counter() - started
     tokens = run.sampler.global_batch * cfg.data.seq_len
@@ -386,7 +386,7 @@ def _train(cfg: JobConfig, run: _Run, out: MetricsLogger, flops_token: float, en
     return history
 
 
-def describe(cfg: JobConfig, env: DistEnv, model: nn.Module) -> dict:
+def describe(cfg: JobConfig, env: DistEnv, model: nn.Module, parallel: Parallelism) -> dict:
     """What docs/design.md#measuring-speed asks to report beside every speed number (`run/*` keys)."""
     total, embedding, flops_token = model_flops(model, cfg.data.seq_len)
     mcfg = model.config
@@ -401,7 +401,7 @@ def describe(cfg: JobConfig, env: DistEnv, model: nn.Module) -> dict:
         "run/tokens_per_global_batch": global_seqs * cfg.data.seq_len,
         "run/param_dtype": dtype_name(compute_dtype(cfg.model.precision, env.device)),
         "run/reduce_dtype": "float32", "run/optimizer_state_dtype": "float32",
-        "run/sharding": strategy(model, cfg.parallel.sharding),
+        "run/sharding": parallel.strategy(cfg.parallel.sharding),
         "run/activation_checkpointing": cfg.parallel.activation_checkpointing,
         "run/compile": cfg.parallel.compile, "run/sdpa_backend": cfg.model.sdpa_backend,
         "run/loss": cfg.model.loss, "run/precision": cfg.model.precision,
@@ -422,8 +422,9 @@ def run(cfg: JobConfig, env: DistEnv, faults: Faults | None = None) -> dict:
     model_dir = hub.fetch_model(cfg.model.model, cfg.model.cache_dir, cfg.train.seed, env)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     data, val, sampler = _build_data(cfg, records, tokenizer, env)
-    model = build_model(cfg, model_dir, env)
-    optimizer = build_optimizer(model, cfg.optim, env.device, compiled=cfg.parallel.compile)
+    model, parallel = build_model(cfg, model_dir, env)
+    optimizer = build_optimizer(model, cfg.optim, env.device, compiled=cfg.parallel.compile,
+                                local=parallel.local)
     scheduler = build_scheduler(optimizer, cfg.optim, total=1)  # the horizon is set after resume
     state = TrainerState(scheduler)
     torch.manual_seed(cfg.train.seed)  # identical RNG on every rank from here on
@@ -431,8 +432,9 @@ def run(cfg: JobConfig, env: DistEnv, faults: Faults | None = None) -> dict:
     _resume(ckpt, model, optimizer, state)
     total = _set_horizon(cfg, sampler, state, scheduler)
     evaluator = Evaluator(val, cfg.train.batch_size, cfg.train.eval_every, sampler, env)
-    run_ = _Run(model, optimizer, scheduler, ckpt, evaluator, data, sampler, state, total)
-    description = describe(cfg, env, model)
+    run_ = _Run(model, parallel, optimizer, scheduler, ckpt, evaluator, data, sampler, state,
+                total)
+    description = describe(cfg, env, model, parallel)
     log.info("plan: steps %d..%d, %s", state.step + 1, run_.total, json.dumps(description))
     with ExitStack() as stack:
         out = MetricsLogger(cfg, env, stack, state.step, run_.total)

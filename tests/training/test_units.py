@@ -306,17 +306,17 @@ def _steps_at_world_of_one(env, fsdp: bool, argv: list[str], steps: int = 4) -> 
 
     cfg = C.parse_args(argv)
     model = meta_model_from_config(LlamaConfig(**tiny.LLAMA_KWARGS))
-    _, wrapped = parallelize_model(cfg, model, env, fsdp_at_world_1=fsdp)
-    assert ("fully_shard" in wrapped) == fsdp
+    _, parallel = parallelize_model(cfg, model, env, fsdp_at_world_1=fsdp)
+    assert ("fully_shard" in parallel.wrapped) == parallel.sharded == fsdp
     init_random_(model, 0)
-    optimizer = build_optimizer(model, cfg.optim, env.device)
+    optimizer = build_optimizer(model, cfg.optim, env.device, local=parallel.local)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     gen = torch.Generator().manual_seed(0)
     batches = [torch.randint(3, 259, (2, 33), generator=gen)
                for _ in range(cfg.train.grad_accum)]
     out = []
     for _ in range(steps):  # the same batch every step: the loss must fall
-        loss, norm = train_step(model, optimizer, scheduler,
+        loss, norm = train_step(model, parallel, optimizer, scheduler,
                                 [(t[:, :-1], t[:, 1:]) for t in batches],
                                 cfg.optim.max_grad_norm, env)
         assert all(p.dtype == torch.float32 for p in model.parameters())  # masters between steps

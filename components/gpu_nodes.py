@@ -252,7 +252,7 @@ def node_repair_config(enabled: bool) -> aws.eks.NodeGroupNodeRepairConfigArgs:
     the kubelet's ``Ready`` after 30 minutes (EKS user guide, "Automatically repair nodes in EKS
     clusters", node-repair.html). EKS stops repairing while more than 20 % of a group of more
     than five nodes is unhealthy, so a fleet-wide fault is not "repaired" node by node.
-    The API's default is off (API_NodeRepairConfig.html).
+    The API's default is off (API_NodeRepairConfig.html), and so is ours (``GpuNodeSettings.auto_repair``).
     """
     return aws.eks.NodeGroupNodeRepairConfigArgs(enabled=enabled)
 

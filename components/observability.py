@@ -64,6 +64,7 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from components import checkov, versions
+from components.cluster import ADDON_CONFLICT_RESOLUTION
 from components.dashboards import gpu_training
 from components.gpu_nodes import gpu_node_placement
 from components.helm import helm_release
@@ -294,10 +295,14 @@ def kube_prometheus_stack_values(
 
 
 def dcgm_exporter_values(*, release_label: pulumi.Input[str], gpu_instance_type: str) -> dict[str, Any]:
-    """Helm values of dcgm-exporter: GPU nodes only (by instance type), our metrics list, a ServiceMonitor."""
+    """Helm values of dcgm-exporter: GPU nodes only (by instance type), our metrics list, a
+    ServiceMonitor, and no host engine of its own: it reads the node's one host engine, the node
+    monitoring agent's (``versions.NODE_MONITORING_AGENT_DCGM_HOST_ENGINE``), over the host
+    network (the chart's ``-r <host>:<port>`` argument and ``hostNetwork``)."""
     return {
         "fullnameOverride": DCGM_FULLNAME,
-        "arguments": ["-f", DCGM_COUNTERS_PATH],
+        "arguments": ["-f", DCGM_COUNTERS_PATH, "-r", versions.NODE_MONITORING_AGENT_DCGM_HOST_ENGINE],
+        "hostNetwork": True,
         "customMetrics": dcgm_metrics_csv(),
         **gpu_node_placement(gpu_instance_type),
         "serviceMonitor": {"enabled": True, "additionalLabels": {"release": release_label}},
@@ -521,6 +526,7 @@ class Observability(pulumi.ComponentResource):
             cluster_name=args.eks.cluster_name,
             addon_name=addon_name,
             addon_version=versions.EKS_ADDONS[args.eks.kubernetes_version][addon_name],
+            resolve_conflicts_on_create=ADDON_CONFLICT_RESOLUTION,
             configuration_values=configuration_values,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[*first, *args.ready, *after]),
         )

@@ -108,9 +108,14 @@ class GpuNodeSettings:
     """Root EBS volume; container images of CUDA stacks are large."""
     secondary_interface_type: SecondaryInterfaceType = "efa-only"
     """Interface type of network cards 1..N: ``efa-only`` saves IPs (VPC CNI >= 1.18.4)."""
-    auto_repair: bool = True
+    auto_repair: bool = False
     """EKS node auto repair: replace (or reboot) a GPU node that the node monitoring agent or
-    the kubelet reports unhealthy (GPU Xid/NVLink errors, EFA, kernel, disk, NotReady)."""
+    the kubelet reports unhealthy (GPU Xid/NVLink errors, EFA, kernel, disk, NotReady). Off by
+    default: the agent's DCGM condition latches (a host-engine outage of a minute, a dcgm-server
+    restart, leaves ``AcceleratedHardwareReady=False`` until the agent's pod restarts:
+    aws/eks-node-monitoring-agent #266, fix #275 unreleased), and a repair then terminates a
+    healthy GPU node, whose on-demand replacement may find no capacity. The alert
+    ``GpuNodeAcceleratedHardwareNotReady`` pages a person instead."""
 
     @property
     def placement_group(self) -> bool:

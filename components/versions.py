@@ -93,6 +93,29 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
         "eks-node-monitoring-agent": "v1.6.2-eksbuild.1",
     },
 }
+NODE_MONITORING_AGENT_DCGM_HOST_ENGINE = "localhost:5555"
+"""The one DCGM host engine of a GPU node: the eks-node-monitoring-agent add-on's ``dcgm-server``
+DaemonSet runs ``nv-hostengine`` on host port 5555 (aws/eks-node-monitoring-agent, chart
+``templates/dcgm-daemonset.yaml`` at v1.6.2 and v1.7.0). Our dcgm-exporter connects to it with
+``-r`` from the host network instead of embedding a second host engine (two on one node are
+unsupported, NVIDIA/DCGM #108). The agent's chart has no switch to use an external host engine
+at any tagged release up to v1.7.0, so the agent's is the one."""
+
+
+def node_monitoring_agent_configuration(gpu_tolerations: list[dict[str, str]]) -> dict[str, object]:
+    """``configuration_values`` of the pinned ``eks-node-monitoring-agent`` add-on: its
+    ``dcgm-server`` DaemonSet tolerates the GPU nodes' taint.
+
+    The chart's default is ``dcgmAgent.tolerations: []``: on a tainted GPU node no host engine
+    runs, the agent reports ``AcceleratedHardwareReady=False`` (DCGMError) and node auto repair
+    replaces the node (aws/containers-roadmap #2555, #2567). ``dcgmAgent.tolerations`` is in the
+    add-on's configuration schema at v1.6.0 through v1.7.0 (the agent's
+    ``charts/configuration.schema.json``; a test validates this against the v1.6.2 copy). The
+    v1.4 builds pinned for 1.33 and 1.34 predate the published schema: their chart values carry
+    the key (since aws/eks-node-monitoring-agent #5), their add-on schema is not confirmed."""
+    return {"dcgmAgent": {"tolerations": gpu_tolerations}}
+
+
 SUPPORTED_KUBERNETES_VERSIONS: tuple[str, ...] = tuple(EKS_ADDONS)
 DEFAULT_KUBERNETES_VERSION = "1.36"
 """The newest pinned version: the one with the longest standard support ahead."""

@@ -10,6 +10,9 @@ from __future__ import annotations
 import base64
 import email
 import json
+from pathlib import Path
+
+import jsonschema
 
 import pytest
 import yaml
@@ -20,6 +23,7 @@ from tests.harness import (
     GPU_TAINT,
     HELM,
     Recording,
+    Registration,
     installs_pin,
     parse_flags,
     plain,
@@ -324,17 +328,46 @@ def test_existing_cluster_kubeconfig_authenticates_with_aws_eks_get_token():
 ADDON = "aws:eks/addon:Addon"
 
 
-def test_gpu_nodes_are_auto_repaired_by_default(recording: Recording):
-    """Checked against the EKS API (NodeRepairConfig: off unless enabled): the GPU node group
-    asks for auto repair; the system node group is left as EKS has it."""
+def test_gpu_nodes_are_not_auto_repaired_unless_asked(recording: Recording):
+    """Checked against the agent's sticky DCGM condition (aws/eks-node-monitoring-agent #266, fix
+    #275 unreleased): a repair would terminate healthy GPU nodes, so it is opt-in; the system
+    node group is left as EKS has it."""
     gpu, system = (recording.named(n) for n in ("gpu-gpu", "cluster-system"))
-    assert gpu.inputs["nodeRepairConfig"] == {"enabled": True}, gpu.inputs.get("nodeRepairConfig")
+    assert gpu.inputs["nodeRepairConfig"] == {"enabled": False}, gpu.inputs.get("nodeRepairConfig")
     assert "nodeRepairConfig" not in system.inputs
 
 
-def test_auto_repair_can_be_turned_off():
-    rec = variant("p5", gpuNodes={"autoRepair": False})
-    assert rec.named("gpu-gpu").inputs["nodeRepairConfig"] == {"enabled": False}
+def test_auto_repair_can_be_turned_on():
+    rec = variant("p5", gpuNodes={"autoRepair": True})
+    assert rec.named("gpu-gpu").inputs["nodeRepairConfig"] == {"enabled": True}
+
+
+SCHEMAS = Path(__file__).resolve().parents[1] / "fixtures" / "eks_addons"
+
+
+def agent(recording: Recording) -> Registration:
+    return next(a for a in recording.of_type(ADDON) if a.inputs["addonName"] == "eks-node-monitoring-agent")
+
+
+def test_node_monitoring_agent_runs_its_dcgm_host_engine_on_the_gpu_nodes(recording: Recording, stack: str):
+    """Checked against the agent's chart at v1.6.2 (``dcgmAgent.tolerations: []`` by default, so
+    its dcgm-server never lands on a tainted GPU node and the agent reports
+    AcceleratedHardwareReady=False: aws/containers-roadmap #2555, #2567) and against the add-on's
+    configuration schema of the pinned version (tests/fixtures/eks_addons): what EKS accepts."""
+    registration = agent(recording)
+    pin = registration.inputs["addonVersion"]
+    schema_file = SCHEMAS / f"eks-node-monitoring-agent-{pin.split('-eksbuild')[0]}.configuration.schema.json"
+    assert schema_file.exists(), f"no recorded configuration schema for the pinned {pin}"
+    configuration = json.loads(registration.inputs["configurationValues"])
+    jsonschema.validate(configuration, json.loads(schema_file.read_text()))
+    assert tolerates(configuration["dcgmAgent"]["tolerations"], GPU_TAINT)
+
+
+def test_the_recorded_schema_refuses_what_the_pinned_agent_does_not_know():
+    """The schema check above can fail: v1.6.2's dcgmAgent has no nodeSelector (v1.7.0 added it)."""
+    schema = json.loads((SCHEMAS / "eks-node-monitoring-agent-v1.6.2.configuration.schema.json").read_text())
+    with pytest.raises(jsonschema.ValidationError, match="nodeSelector"):
+        jsonschema.validate({"dcgmAgent": {"nodeSelector": {"a": "b"}}}, schema)
 
 
 def test_node_monitoring_agent_is_pinned_and_runs_after_the_node_groups_exist(recording: Recording, stack: str):
@@ -344,9 +377,8 @@ def test_node_monitoring_agent_is_pinned_and_runs_after_the_node_groups_exist(re
     The GPU nodes need not wait for it: its DaemonSet lands on each node as it joins."""
     version = stack_config(stack).get("fsdp-eks:cluster", {}).get("kubernetesVersion",
                                                                    versions.DEFAULT_KUBERNETES_VERSION)
-    agent = next(a for a in recording.of_type(ADDON) if a.inputs["addonName"] == "eks-node-monitoring-agent")
-    assert agent.inputs["addonVersion"] == versions.EKS_ADDONS[version]["eks-node-monitoring-agent"]
-    assert "cluster-system" in agent.dependencies, agent.dependencies
+    assert agent(recording).inputs["addonVersion"] == versions.EKS_ADDONS[version]["eks-node-monitoring-agent"]
+    assert "cluster-system" in agent(recording).dependencies
 
 
 def test_every_supported_kubernetes_version_pins_the_node_monitoring_agent():

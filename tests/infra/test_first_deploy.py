@@ -79,6 +79,16 @@ def test_every_addon_that_runs_pods_waits_for_nodes(with_cloudwatch: Recording):
         assert "cluster-system" in waits_for(with_cloudwatch, addon(with_cloudwatch, name).name), name
 
 
+def test_every_addon_overwrites_what_eks_bootstrapped(with_cloudwatch: Recording):
+    """CreateAddon over the self-managed CoreDNS (kube-proxy, VPC CNI) EKS installs "might fail"
+    without OVERWRITE (EKS API reference, CreateAddon resolveConflicts; eksctl #5880)."""
+    addons = with_cloudwatch.of_type(ADDON)
+    assert {"coredns", "eks-pod-identity-agent", "eks-node-monitoring-agent", "aws-ebs-csi-driver",
+            "amazon-cloudwatch-observability"} <= {a.inputs["addonName"] for a in addons}
+    for a in addons:
+        assert a.inputs.get("resolveConflictsOnCreate") == "OVERWRITE", a.inputs["addonName"]
+
+
 def test_node_groups_wait_for_the_node_role_policies_not_for_coredns(recording: Recording):
     """A node that boots before its CNI/worker policies are attached never joins; the GPU nodes
     start beside the system nodes instead of after CoreDNS."""

@@ -35,9 +35,10 @@ def gpu_nodes_command(profile_instance_type: str) -> str:
 
 
 def build_stack(settings: Settings) -> dict[str, object]:
-    """Check ``settings`` against the account (``preflight``: zones, instance offerings), then
-    create every component and return the stack outputs: the cluster (new or existing, with its
-    GPU nodes and shared storage), the device plugins, observability, then image, operator, job.
+    """Check ``settings`` against the account (``preflight``: zones, offerings, GPU quota, the
+    deploying role, add-on pins), then create every component and return the stack outputs: the
+    cluster (new or existing, with its GPU nodes and shared storage), the device plugins,
+    observability, then image, operator, job.
 
     Ordering: every in-cluster layer waits for the nodes its pods need (``cluster.ready``: the
     system nodes, CoreDNS, the Pod Identity agent; the device plugins also for the GPU nodes)."""

@@ -34,6 +34,13 @@ def gpu_nodes_command(profile_instance_type: str) -> str:
     )
 
 
+def scale_to_zero_command(cluster_name: str, node_group: str, max_size: int, region: str) -> str:
+    """The AWS CLI command that scales the GPU node group to zero nodes (the instances terminate;
+    the next ``pulumi up`` sets the stack file's sizes again)."""
+    return (f"aws eks update-nodegroup-config --cluster-name {cluster_name} --nodegroup-name {node_group} "
+            f"--scaling-config minSize=0,maxSize={max_size},desiredSize=0 --region {region}")
+
+
 def build_stack(settings: Settings) -> dict[str, object]:
     """Check ``settings`` against the account (``preflight``: zones, offerings, GPU quota, the
     deploying role, add-on pins), then create every component and return the stack outputs: the
@@ -120,6 +127,9 @@ def _new_cluster(
         ),
     )
     outputs["gpu_node_group"] = gpu.node_group_name
+    # The end of every run (README, quickstart): idle GPU nodes bill by the hour (alert GpuNodesIdle).
+    outputs["gpu_scale_to_zero_command"] = gpu.node_group_name.apply(
+        lambda group: scale_to_zero_command(settings.name, group, settings.gpu_nodes.max_size, settings.region))
     if not settings.storage.fsx:
         return cluster, _existing_claim(settings), [gpu.node_group]
     storage = SharedStorage(

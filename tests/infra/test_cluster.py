@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import email
 import json
+import shlex
 from pathlib import Path
 
 import jsonschema
@@ -246,6 +247,21 @@ def test_outputs(recording: Recording, stack: str):
     command = exports["gpu_nodes_command"]
     assert profile_of(stack).instance_type in command
     assert "nvidia\\.com/gpu" in command and "vpc\\.amazonaws\\.com/efa" in command
+
+
+def test_scale_to_zero_command_names_the_gpu_node_group_of_this_stack(recording: Recording, stack: str):
+    """The command (AWS CLI ``eks update-nodegroup-config``) must hit this stack's GPU group, in
+    its cluster and region, and leave it at zero nodes."""
+    argv = shlex.split(recording.exports["gpu_scale_to_zero_command"])
+    assert argv[:3] == ["aws", "eks", "update-nodegroup-config"]
+    flags = parse_flags(argv)
+    group = recording.named("gpu-gpu")
+    assert flags["--cluster-name"] == group.inputs["clusterName"] == recording.exports["cluster_name"]
+    assert flags["--nodegroup-name"] == recording.exports["gpu_node_group"]
+    assert flags["--region"] == stack_config(stack)["aws:region"]
+    sizes = dict(part.split("=") for part in flags["--scaling-config"].split(","))
+    assert sizes["desiredSize"] == sizes["minSize"] == "0"
+    assert int(sizes["maxSize"]) == int(group.inputs["scalingConfig"]["maxSize"])
 
 
 def test_network_spans_two_azs_with_tagged_subnets(recording: Recording, stack: str):

@@ -257,6 +257,7 @@ class EksCluster(pulumi.ComponentResource):
             subnet_ids=args.private_subnet_ids,
             instance_types=[args.settings.system_instance_type],
             ami_type="AL2023_x86_64_STANDARD",
+            release_version=versions.EKS_AMI_RELEASES[args.settings.kubernetes_version],
             capacity_type="ON_DEMAND",
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 min_size=size.min_size, desired_size=size.desired_size, max_size=size.max_size

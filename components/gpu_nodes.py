@@ -15,6 +15,7 @@ import pulumi
 import pulumi_aws as aws
 import yaml
 
+from components import versions
 from components.hardware import HardwareProfile
 from components.node_metadata import metadata_options
 from components.settings import GpuNodeSettings
@@ -124,6 +125,8 @@ class GpuNodeGroupArgs:
     """Private subnets of the GPU AZ only."""
     cluster_security_group_id: pulumi.Input[str]
     node_role_arn: pulumi.Input[str]
+    kubernetes_version: str
+    """The cluster's Kubernetes minor: picks the pinned AMI release (``versions.EKS_AMI_RELEASES``)."""
     lustre_client: bool = False
     """Install the Lustre client at boot (the job mounts FSx for Lustre)."""
     can_join: Sequence[pulumi.Resource] = ()
@@ -227,6 +230,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             subnet_ids=args.subnet_ids,
             instance_types=[args.profile.instance_type],
             ami_type="AL2023_x86_64_NVIDIA",
+            release_version=versions.EKS_AMI_RELEASES[args.kubernetes_version],
             capacity_type="CAPACITY_BLOCK" if s.capacity_block else "ON_DEMAND",
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 min_size=s.min_size, desired_size=s.desired_size, max_size=s.max_size

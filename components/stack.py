@@ -120,6 +120,7 @@ def _new_cluster(
             subnet_ids=network.gpu_subnet_ids,
             cluster_security_group_id=cluster.cluster_security_group_id,
             node_role_arn=cluster.node_role.arn,
+            kubernetes_version=settings.cluster.kubernetes_version,
             lustre_client=settings.storage.fsx,
             # Not the whole cluster: the GPU nodes start beside the system nodes, not after
             # CoreDNS (which waits for the system nodes).

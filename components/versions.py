@@ -116,6 +116,19 @@ def node_monitoring_agent_configuration(gpu_tolerations: list[dict[str, str]]) -
     return {"dcgmAgent": {"tolerations": gpu_tolerations}}
 
 
+EKS_AMI_RELEASES: dict[str, str] = {
+    # awslabs/amazon-eks-ami, AMI release v20260714 (CHANGELOG.md, "Release version" per
+    # Kubernetes version, the same for the AL2023 standard and NVIDIA AMIs): NVIDIA driver
+    # 580.159.03 (kmod-nvidia-latest-dkms, R580: what CUDA 13.0 in the training image needs),
+    # EFA 3.1.0, containerd 2.2.4; kernel 6.18.36 for 1.36, 6.12 for 1.33 to 1.35.
+    "1.33": "1.33.13-20260714",
+    "1.34": "1.34.9-20260714",
+    "1.35": "1.35.6-20260714",
+    "1.36": "1.36.2-20260714",
+}
+"""EKS-optimized AMI release (``release_version`` of the managed node groups) per Kubernetes
+version. Without it a node group takes the newest AMI when it is created and on every replacement:
+a new driver, kernel or EFA module arrives unannounced. Bump with the AMI's release notes read."""
 SUPPORTED_KUBERNETES_VERSIONS: tuple[str, ...] = tuple(EKS_ADDONS)
 DEFAULT_KUBERNETES_VERSION = "1.36"
 """The newest pinned version: the one with the longest standard support ahead."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import email
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -247,6 +248,19 @@ def test_outputs(recording: Recording, stack: str):
     command = exports["gpu_nodes_command"]
     assert profile_of(stack).instance_type in command
     assert "nvidia\\.com/gpu" in command and "vpc\\.amazonaws\\.com/efa" in command
+
+
+def test_node_groups_boot_the_pinned_ami_release(recording: Recording, stack: str):
+    """awslabs/amazon-eks-ami release notes: an AL2023 release version is
+    ``<kubelet version>-<build date>``, one for the standard and the NVIDIA AMI; without it a
+    node group takes the newest AMI (driver, kernel, EFA module) at every launch."""
+    version = stack_config(stack)["fsdp-eks:cluster"]["kubernetesVersion"]
+    for name in ("gpu-gpu", "cluster-system"):
+        release_version = recording.named(name).inputs.get("releaseVersion")
+        assert release_version == versions.EKS_AMI_RELEASES[version], name
+    assert set(versions.EKS_AMI_RELEASES) == set(versions.SUPPORTED_KUBERNETES_VERSIONS)
+    for k8s, release_version in versions.EKS_AMI_RELEASES.items():
+        assert re.fullmatch(rf"{re.escape(k8s)}\.\d+-20\d{{6}}", release_version), (k8s, release_version)
 
 
 def test_scale_to_zero_command_names_the_gpu_node_group_of_this_stack(recording: Recording, stack: str):

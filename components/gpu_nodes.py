@@ -202,11 +202,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 )
             ],
             user_data=base64.b64encode(node_user_data(args.lustre_client).encode()).decode(),
-            placement=(
-                aws.ec2.LaunchTemplatePlacementArgs(group_name=self.placement_group.name)
-                if self.placement_group is not None
-                else None
-            ),
+            placement=self._placement(s),
             capacity_reservation_specification=reservation,
             instance_market_options=(
                 aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(market_type="capacity-block")
@@ -220,6 +216,15 @@ class GpuNodeGroup(pulumi.ComponentResource):
             ],
             opts=pulumi.ResourceOptions(parent=self),
         )
+
+    def _placement(self, s: GpuNodeSettings) -> aws.ec2.LaunchTemplatePlacementArgs | None:
+        """The placement group the nodes launch into: the one named in the settings (a
+        reservation's), ours, or none."""
+        if s.placement_group_name is not None:
+            return aws.ec2.LaunchTemplatePlacementArgs(group_name=s.placement_group_name)
+        if self.placement_group is not None:
+            return aws.ec2.LaunchTemplatePlacementArgs(group_name=self.placement_group.name)
+        return None
 
     def _node_group(self, name: str, args: GpuNodeGroupArgs) -> aws.eks.NodeGroup:
         s = args.settings

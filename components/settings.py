@@ -117,14 +117,20 @@ class GpuNodeSettings:
     healthy GPU node, whose on-demand replacement may find no capacity. The alert
     ``GpuNodeAcceleratedHardwareNotReady`` pages a person instead."""
 
+    placement_group_name: str | None = None
+    """An existing placement group to launch into: the one an On-Demand Capacity Reservation was
+    made in (a reservation in a cluster placement group serves only launches into that group),
+    or a cluster placement group of your own for on-demand nodes."""
+
     @property
     def placement_group(self) -> bool:
-        """A cluster placement group only for plain on-demand capacity.
+        """Create a cluster placement group of ours: only for plain on-demand capacity, and only
+        when ``placement_group_name`` names none.
 
         With a reservation or capacity block, a placement group the reservation was not made in
         makes launches fail with InsufficientInstanceCapacity (eksctl #7949).
         """
-        return self.capacity_reservation_id is None
+        return self.capacity_reservation_id is None and self.placement_group_name is None
 
 
 STACK_OWNED_TRAINING_FIELDS = ("checkpoint_dir", "output_dir", "cache_dir", "metrics_port",

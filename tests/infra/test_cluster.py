@@ -140,6 +140,15 @@ def test_placement_group_only_without_reservation(recording: Recording, stack: s
         assert placement["groupName"] == groups[0].name
 
 
+@pytest.mark.parametrize("stack_name", ["p4de", "p5"])
+def test_a_named_placement_group_is_launched_into_and_none_of_ours_made(stack_name: str):
+    """EC2: a capacity reservation made in a cluster placement group serves only launches into
+    that group; so the name goes to the launch template, and no group of ours competes with it."""
+    rec = variant(stack_name, gpuNodes={"placementGroupName": "team-cpg"})
+    assert rec.one(LT, "gpu-lt").inputs["placement"] == {"groupName": "team-cpg"}
+    assert rec.of_type("aws:ec2/placementGroup:PlacementGroup") == []
+
+
 def test_reservation_is_targeted(recording: Recording, stack: str):
     reservation = gpu_settings(stack).get("capacityReservationId")
     spec = recording.one(LT, "gpu-lt").inputs.get("capacityReservationSpecification")

@@ -65,6 +65,12 @@ def endpoint_access(settings: ClusterSettings) -> dict:
             "public_access_cidrs": list(settings.public_access_cidrs)}
 
 
+def control_plane_log_types(settings: ClusterSettings) -> list[str]:
+    """The control-plane logs sent to CloudWatch: the API server's and the authenticator's; the
+    audit log (every request: the largest, billed per GB) only when ``cluster.auditLog`` asks."""
+    return ["api", "authenticator", *(["audit"] if settings.audit_log else [])]
+
+
 def vpc_cni_options(addon_version: str) -> eks.VpcCniOptionsArgs:
     """The VPC CNI add-on with NetworkPolicy enforcement on (its network policy agent, VPC CNI >=
     1.14), so the etcd NetworkPolicy (components/rendezvous.py) is enforced, not just stored.
@@ -204,7 +210,7 @@ class EksCluster(pulumi.ComponentResource):
             # every network interface, which is what lets the nodes join.
             skip_default_security_groups=True,
             **endpoint_access(s),
-            enabled_cluster_log_types=["api", "audit", "authenticator"],
+            enabled_cluster_log_types=control_plane_log_types(s),
             # pulumi-eks defaults the upgrade policy to EXTENDED (about 6x the control-plane price
             # once the version leaves standard support).
             upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type=s.support_type),

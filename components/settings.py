@@ -85,7 +85,11 @@ class ClusterSettings:
     """EKS upgrade policy at the end of standard support: ``STANDARD`` (EKS upgrades the cluster)
     or ``EXTENDED`` (stays, at about 6x the control-plane price). pulumi-eks defaults to EXTENDED."""
     log_retention_days: int = 30
-    """Days CloudWatch keeps the control-plane logs (``/aws/eks/<cluster>/cluster``); 0 keeps them forever."""
+    """Days CloudWatch keeps the control-plane logs (``/aws/eks/<cluster>/cluster``) and Container
+    Insights' log groups; 0 keeps them forever."""
+    audit_log: bool = False
+    """Also send the control plane's ``audit`` log to CloudWatch: every API request, the largest
+    of its streams (billed per GB ingested). ``api`` and ``authenticator`` are always on."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -169,7 +169,8 @@ def _observability(
             gpu_instance_type=settings.profile.instance_type,
             eks=(
                 EksAddonTarget(cluster_name=cluster.cluster_name,
-                               kubernetes_version=settings.cluster.kubernetes_version)
+                               kubernetes_version=settings.cluster.kubernetes_version,
+                               log_retention_days=settings.cluster.log_retention_days)
                 if settings.creates_cluster
                 else None
             ),

@@ -353,6 +353,24 @@ def test_control_plane_log_group_exists_before_the_cluster_with_a_retention(reco
     assert "cluster.logRetentionDays = 31: use one of 1, 3, 5" in str(settings_error(config))
 
 
+def test_container_insights_log_groups_are_ours_with_the_retention(with_cloudwatch: Recording):
+    """The CloudWatch add-on's agent and Fluent Bit create missing groups without expiry: ours
+    exist first (the add-on waits for them), so destroy deletes them and they expire."""
+    groups = {g.inputs["name"]: g for g in with_cloudwatch.of_type("aws:cloudwatch/logGroup:LogGroup")}
+    cloudwatch = addon(with_cloudwatch, "amazon-cloudwatch-observability")
+    for kind in ("application", "dataplane", "host", "performance"):
+        group = groups[f"/aws/containerinsights/fsdp-eks-p5-cw/{kind}"]
+        assert int(group.inputs["retentionInDays"]) == 30, kind
+        assert group.name in waits_for(with_cloudwatch, cloudwatch.name), kind
+
+
+def test_the_audit_log_is_opt_in(recording: Recording):
+    """audit is the control plane's largest stream (every API request), billed per GB."""
+    assert sorted(recording.one("eks:index:Cluster").inputs["enabledClusterLogTypes"]) == ["api", "authenticator"]
+    audited = run_program(variant_config("p5", cluster={"auditLog": True}), "p5-audit")
+    assert "audit" in audited.one("eks:index:Cluster").inputs["enabledClusterLogTypes"]
+
+
 def test_prometheus_volume_claim_is_deleted_before_the_ebs_csi_driver(recording: Recording):
     """Destroy runs the graph in reverse: the release, then its claim (and volume), and only then
     the StorageClass and the EBS CSI add-on that deletes the volume."""

@@ -196,7 +196,8 @@ def _env(job: JobSettings, hf_secret: str | None) -> list[dict]:
 
 
 def _pod_template(
-    job: JobSettings, profile: HardwareProfile, image: str, hf_secret: str | None, shared_claim: str | None = None
+    job: JobSettings, profile: HardwareProfile, image: str, hf_secret: str | None, shared_claim: str | None = None,
+    node_labels: Mapping[str, str] | None = None,
 ) -> dict:
     gpus = gpus_per_node(job, profile)
     # Checkpoints and the exported model: the run's directory on the shared claim, else on NVMe.
@@ -250,7 +251,7 @@ def _pod_template(
     return {
         "metadata": {"labels": {**LABELS, RUN_LABEL: RUN}},
         "spec": {
-            "nodeSelector": {"node.kubernetes.io/instance-type": profile.instance_type},
+            "nodeSelector": {"node.kubernetes.io/instance-type": profile.instance_type, **(node_labels or {})},
             "tolerations": [dict(GPU_TOLERATION)],
             "securityContext": dict(WORKER_SECURITY["pod"]),
             # Nothing in the pod calls the Kubernetes API: no service-account token to steal.
@@ -296,12 +297,14 @@ def pytorchjob_manifest(
     rdzv_host: str | None,
     hf_secret: str | None,
     shared_claim: str | None = None,
+    node_labels: Mapping[str, str] | None = None,
 ) -> dict:
     """The whole PyTorchJob object. Deterministic: equal inputs give an equal object and name.
 
     ``rdzv_host`` is the etcd Service's DNS name (None with ``c10d``); ``hf_secret`` the name of
     the Secret holding the Hugging Face token (None: no token); ``shared_claim`` the claim every
-    worker mounts for checkpoints and the exported model (None: node-local NVMe).
+    worker mounts for checkpoints and the exported model (None: node-local NVMe), ``node_labels``
+    what a node needs to mount it (``SharedClaim.node_labels``).
     """
     body = {
         "apiVersion": API_VERSION,
@@ -320,7 +323,7 @@ def pytorchjob_manifest(
                 "Worker": {
                     "replicas": job.nodes,
                     "restartPolicy": "OnFailure",
-                    "template": _pod_template(job, profile, image, hf_secret, shared_claim),
+                    "template": _pod_template(job, profile, image, hf_secret, shared_claim, node_labels),
                 }
             },
         },
@@ -420,6 +423,7 @@ class TrainingJob(pulumi.ComponentResource):
                 rdzv_host=self.rendezvous.host if self.rendezvous else None,
                 hf_secret=HF_SECRET if self.hf_secret else None,
                 shared_claim=args.shared.name if args.shared else None,
+                node_labels=args.shared.node_labels if args.shared else None,
             )
         )
         self.shared_claim = self._shared_claim(name, args.shared, in_namespace)

@@ -12,6 +12,7 @@ import email
 import json
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import jsonschema
@@ -116,6 +117,61 @@ def test_gpu_nodes_can_mount_fsx_when_the_job_uses_it(recording: Recording, stac
     scripts = [p.get_payload() for p in message.walk() if p.get_content_type() == "text/x-shellscript"]
     uses_fsx = stack_config(stack).get("fsdp-eks:storage", {}).get("fsx", False)
     assert any("dnf install -y lustre-client" in s for s in scripts) == uses_fsx
+
+
+def lustre_script(recording: Recording) -> str:
+    message = email.message_from_bytes(base64.b64decode(recording.one(LT, "gpu-lt").inputs["userData"]))
+    [script] = [p.get_payload() for p in message.walk() if p.get_content_type() == "text/x-shellscript"]
+    return script
+
+
+def run_boot_script(script: str, tmp_path: Path, *, dnf: int, modprobe: int, filesystems: str) -> tuple[int, str]:
+    """The user data's script in a sandbox: stub ``dnf`` and ``modprobe`` exiting with the codes
+    given, a fake /proc/filesystems, the console and nodeadm's drop-in folder under ``tmp_path``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, code in (("dnf", dnf), ("modprobe", modprobe)):
+        (bin_dir / tool).write_text(f"#!/bin/sh\nexit {code}\n")
+        (bin_dir / tool).chmod(0o755)
+    (tmp_path / "filesystems").write_text(filesystems)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "CONSOLE": str(tmp_path / "console"),
+           "DROP_IN_DIR": str(tmp_path / "nodeadm.d"), "FILESYSTEMS": str(tmp_path / "filesystems")}
+    result = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    console = (tmp_path / "console").read_text() if (tmp_path / "console").exists() else ""
+    return result.returncode, console
+
+
+def drop_ins(tmp_path: Path) -> list[dict]:
+    return [yaml.safe_load(p.read_text()) for p in sorted((tmp_path / "nodeadm.d").glob("*.yaml"))]
+
+
+def test_a_node_whose_lustre_module_loads_is_labelled_for_the_job(tmp_path: Path):
+    """nodeadm merges /etc/eks/nodeadm.d/ over the user data after cloud-init's scripts and
+    appends kubelet flags (awslabs/amazon-eks-ami nodeadm merge.go): the label adds to the node
+    group's own. The job's workers require it."""
+    rec = variant("p5")
+    code, console = run_boot_script(lustre_script(rec), tmp_path, dnf=0, modprobe=0,
+                                    filesystems="nodev\tproc\n\tlustre\n")
+    assert code == 0 and "Lustre client ready" in console
+    [drop_in] = drop_ins(tmp_path)
+    assert drop_in["kind"] == "NodeConfig"
+    assert drop_in["spec"]["kubelet"]["flags"] == ["--node-labels=fsdp-eks/lustre-client=ready"]
+    selector = plain(rec.one("kubernetes:kubeflow.org/v1:PyTorchJob").inputs)[
+        "spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["nodeSelector"]
+    assert selector["fsdp-eks/lustre-client"] == "ready"
+
+
+@pytest.mark.parametrize(("dnf", "modprobe", "filesystems", "reason"), [
+    (1, 0, "\tlustre\n", "dnf install lustre-client failed"),
+    (0, 1, "\tlustre\n", "modprobe lustre failed"),
+    (0, 0, "nodev\tproc\n", "lustre is not a registered file system"),
+])
+def test_a_node_without_a_working_lustre_client_says_why_and_gets_no_label(tmp_path, dnf, modprobe, filesystems,
+                                                                           reason):
+    code, console = run_boot_script(lustre_script(variant("p5")), tmp_path, dnf=dnf, modprobe=modprobe,
+                                    filesystems=filesystems)
+    assert code != 0 and "Lustre client NOT ready" in console and reason in console
+    assert not list((tmp_path / "nodeadm.d").glob("*.yaml")), "no label for a node that cannot mount FSx"
 
 
 def test_root_volume_is_large_and_encrypted(recording: Recording):

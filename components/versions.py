@@ -47,7 +47,7 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
     # v1.4.2-eksbuild.1 and 1.35's v1.6.2-eksbuild.1 in the public Terraform environment
     # file of the UK MoJ Analytical Platform's clusters at those versions. The agent reads node
     # logs and is not tied to a Kubernetes minor, but EKS lists its builds per version.
-    # For 1.36 none was found: the 1.35 build is inferred, to check with describe-addon-versions.
+    # For 1.36: v1.7.2-eksbuild.1, from a public configuration of a 1.36 cluster (below).
     "1.33": {
         # vpc-cni >= v1.18.4 is needed for `efa-only` network interfaces.
         "vpc-cni": "v1.20.1-eksbuild.3",
@@ -82,7 +82,10 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
     # 1.36: vpc-cni, coredns, kube-proxy, pod identity agent and EBS CSI as a public Terraform
     # module pins them for an EKS 1.36 cluster (eks_version "1.36", 2026); CloudWatch: the
     # 1.35 pin, assumed to serve 1.36 too (the add-on's v5 builds span several Kubernetes
-    # versions) -- all inferred, not read from the EKS add-on version tables.
+    # versions; public 1.36 configurations pin v6.2.0-eksbuild.1, whose configuration schema
+    # for our keys is not confirmed); the node monitoring agent as a public Terraform
+    # configuration of a 1.36 cluster (kube-proxy v1.36.0-eksbuild.25) pins it -- all inferred,
+    # not read from the EKS add-on version tables; preview refuses a pin newer than EKS offers.
     "1.36": {
         "vpc-cni": "v1.22.3-eksbuild.1",
         "coredns": "v1.14.3-eksbuild.3",
@@ -90,7 +93,7 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
         "eks-pod-identity-agent": "v1.3.10-eksbuild.3",
         "aws-ebs-csi-driver": "v1.63.1-eksbuild.1",
         "amazon-cloudwatch-observability": "v5.3.0-eksbuild.1",
-        "eks-node-monitoring-agent": "v1.6.2-eksbuild.1",
+        "eks-node-monitoring-agent": "v1.7.2-eksbuild.1",
     },
 }
 NODE_MONITORING_AGENT_DCGM_HOST_ENGINE = "localhost:5555"
@@ -98,8 +101,10 @@ NODE_MONITORING_AGENT_DCGM_HOST_ENGINE = "localhost:5555"
 DaemonSet runs ``nv-hostengine`` on host port 5555 (aws/eks-node-monitoring-agent, chart
 ``templates/dcgm-daemonset.yaml`` at v1.6.2 and v1.7.0). Our dcgm-exporter connects to it with
 ``-r`` from the host network instead of embedding a second host engine (two on one node are
-unsupported, NVIDIA/DCGM #108). The agent's chart has no switch to use an external host engine
-at any tagged release up to v1.7.0, so the agent's is the one."""
+unsupported, NVIDIA/DCGM #108). The agent's chart gained a switch to use an external host
+engine instead (``dcgmAgent.enabled: false`` with ``nodeAgent.dcgmAddress``, chart v1.7.2;
+not in the v1.7.0 add-on schema), but that needs a standalone host engine of our own, which
+dcgm-exporter is not: the agent's is the one."""
 
 
 def node_monitoring_agent_configuration(gpu_tolerations: list[dict[str, str]]) -> dict[str, object]:
@@ -110,9 +115,10 @@ def node_monitoring_agent_configuration(gpu_tolerations: list[dict[str, str]]) -
     runs, the agent reports ``AcceleratedHardwareReady=False`` (DCGMError) and node auto repair
     replaces the node (aws/containers-roadmap #2555, #2567). ``dcgmAgent.tolerations`` is in the
     add-on's configuration schema at v1.6.0 through v1.7.0 (the agent's
-    ``charts/configuration.schema.json``; a test validates this against the v1.6.2 copy). The
-    v1.4 builds pinned for 1.33 and 1.34 predate the published schema: their chart values carry
-    the key (since aws/eks-node-monitoring-agent #5), their add-on schema is not confirmed."""
+    ``charts/configuration.schema.json``; a test validates this against the v1.6.2 and v1.7.0
+    copies) and in the chart's values at v1.7.2. The v1.4 builds pinned for 1.33 and 1.34
+    predate the published schema: their chart values carry the key (since
+    aws/eks-node-monitoring-agent #5), their add-on schema is not confirmed."""
     return {"dcgmAgent": {"tolerations": gpu_tolerations}}
 
 

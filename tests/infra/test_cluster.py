@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from components import versions
+from components.gpu_nodes import GPU_TOLERATION
 from components.hardware import PROFILES
 from tests.harness import (
     GPU_TAINT,
@@ -440,6 +441,19 @@ def test_auto_repair_can_be_turned_on():
 SCHEMAS = Path(__file__).resolve().parents[1] / "fixtures" / "eks_addons"
 
 
+def recorded_schema(pin: str) -> Path:
+    """The recorded configuration schema for an agent pin: the newest release of the same minor
+    at or below it (schemas only gain keys within a minor; tests/fixtures/eks_addons/README.md)."""
+    release = tuple(int(n) for n in re.findall(r"\d+", pin.split("-eksbuild")[0]))
+    candidates = []
+    for path in SCHEMAS.glob("eks-node-monitoring-agent-v*.configuration.schema.json"):
+        version = tuple(int(n) for n in re.findall(r"\d+", path.name.split("-agent-")[1].split(".configuration")[0]))
+        if version[:2] == release[:2] and version <= release:
+            candidates.append((version, path))
+    assert candidates, f"no recorded configuration schema for the pinned {pin}"
+    return max(candidates)[1]
+
+
 def agent(recording: Recording) -> Registration:
     return next(a for a in recording.of_type(ADDON) if a.inputs["addonName"] == "eks-node-monitoring-agent")
 
@@ -450,12 +464,25 @@ def test_node_monitoring_agent_runs_its_dcgm_host_engine_on_the_gpu_nodes(record
     AcceleratedHardwareReady=False: aws/containers-roadmap #2555, #2567) and against the add-on's
     configuration schema of the pinned version (tests/fixtures/eks_addons): what EKS accepts."""
     registration = agent(recording)
-    pin = registration.inputs["addonVersion"]
-    schema_file = SCHEMAS / f"eks-node-monitoring-agent-{pin.split('-eksbuild')[0]}.configuration.schema.json"
-    assert schema_file.exists(), f"no recorded configuration schema for the pinned {pin}"
     configuration = json.loads(registration.inputs["configurationValues"])
-    jsonschema.validate(configuration, json.loads(schema_file.read_text()))
+    jsonschema.validate(configuration, json.loads(recorded_schema(registration.inputs["addonVersion"]).read_text()))
     assert tolerates(configuration["dcgmAgent"]["tolerations"], GPU_TAINT)
+
+
+def test_every_agent_pin_with_a_recorded_schema_accepts_the_configuration():
+    """Every supported Kubernetes version's pin, not only the stacks': the v1.4 builds of 1.33
+    and 1.34 predate the published schema and are the only ones unchecked (versions.py says so)."""
+    configuration = versions.node_monitoring_agent_configuration([dict(GPU_TOLERATION)])
+    unchecked = []
+    for k8s, pins in versions.EKS_ADDONS.items():
+        pin = pins["eks-node-monitoring-agent"]
+        try:
+            schema = recorded_schema(pin)
+        except AssertionError:
+            unchecked.append(k8s)
+            continue
+        jsonschema.validate(configuration, json.loads(schema.read_text()))
+    assert unchecked == ["1.33", "1.34"]
 
 
 def test_the_recorded_schema_refuses_what_the_pinned_agent_does_not_know():

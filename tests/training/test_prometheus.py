@@ -27,6 +27,8 @@ CONTRACT = [
     "fsdp_train_mfu_ratio", "fsdp_train_step_seconds",
     "fsdp_train_last_checkpoint_timestamp_seconds", "fsdp_train_last_step_timestamp_seconds",
     "fsdp_train_eval_loss", "fsdp_train_eval_perplexity",
+    "fsdp_node_check_busbw_gigabytes_per_second", "fsdp_node_check_storage_megabytes_per_second",
+    "fsdp_node_check_seconds",
 ]
 """The names the dashboard and alert rules (issue 5) are written against."""
 

@@ -171,7 +171,7 @@ class XidWatch:
     the node's kernel log, which DCGM's exporter reports as ``DCGM_FI_DEV_XID_ERRORS``)."""
 
     def __init__(self, nvml: object | None, devices: int):
-        self.nvml, self.events = nvml, None
+        self.nvml, self.events, self.reason = nvml, None, "not checked: no GPU"
         if nvml is None or devices == 0:
             return
         try:
@@ -188,7 +188,7 @@ class XidWatch:
         if self.nvml is None:
             return None  # check_gpu_health says why
         if self.events is None:
-            return Result(node, "xid", None, getattr(self, "reason", "not checked: no GPU"))
+            return Result(node, "xid", None, self.reason)
         xids = []
         try:
             while True:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.training.conftest import REPO, TINY_FLAGS, child_env, free_port, steps_of, train
+from tests.training.conftest import REPO, child_env, free_port, steps_of, train
 from training import node_check as nc
 from training.shapes import SHAPES
 from training.tiny import LLAMA_KWARGS

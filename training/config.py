@@ -379,7 +379,8 @@ class NodeCheckConfig(_Section):
     check stops the job naming the node, the check and the figures. --no-node-check skips it."""
 
     node_check_timeout_s: int = 300
-    """Seconds the node check may take before it fails the job."""
+    """Seconds the node checks of each node may take, and each collective of the bandwidth
+    test, before the check fails the job."""
 
     node_check_gpus: int = 0
     """GPUs each node must have; 0: as many as processes on the node on CUDA, none on CPU."""

@@ -65,6 +65,10 @@ Libfabric/0/GDRDMA``, ``... via P2P/IPC``, ``... via NET/Socket/0``."""
 
 
 # ----------------------------------------------------------------------------- results
+STATUS = {True: "ok", False: "FAILED", None: "skipped"}
+"""How the table shows a result's ``ok``."""
+
+
 @dataclass
 class Result:
     """One check on one node: passed (True), failed (False) or not applicable (None, with why)."""
@@ -75,9 +79,6 @@ class Result:
     figure: str
     values: dict = field(default_factory=dict)
 
-    @property
-    def status(self) -> str:
-        return {True: "ok", False: "FAILED", None: "skipped"}[self.ok]
 
 
 @dataclass(frozen=True)
@@ -635,7 +636,7 @@ def format_table(report: Report) -> str:
     width = max([len(r["node"]) for r in report.results] + [4])
     out.append(f"  {'node':<{width}}  {'check':<16} {'result':<8} figure")
     out += [f"  {r['node']:<{width}}  {r['check']:<16} "
-            f"{ {True: 'ok', False: 'FAILED', None: 'skipped'}[r['ok']]:<8} {r['figure']}"
+            f"{STATUS[r['ok']]:<8} {r['figure']}"
             for r in report.results]
     out.append(f"  {'collective':<11} {'unit':<6} {'MB':>10} {'time ms':>9} {'algbw GB/s':>11} "
                f"{'busbw GB/s':>11}  slowest rank (node)")

@@ -119,6 +119,9 @@ TRAINING_METRICS: dict[str, str] = {
     "fsdp_train_last_step_timestamp_seconds": "gauge",
     "fsdp_train_eval_loss": "gauge",
     "fsdp_train_eval_perplexity": "gauge",
+    "fsdp_node_check_busbw_gigabytes_per_second": "gauge",
+    "fsdp_node_check_storage_megabytes_per_second": "gauge",
+    "fsdp_node_check_seconds": "gauge",
 }
 """What the training package exports (names fixed with the training package's author)."""
 

@@ -35,6 +35,8 @@ class HardwareProfile:
     """The GPU as ``torch.cuda.get_device_name`` reports it (the key of its bf16 peak)."""
     gpu_memory_gib: int
     """Memory of one GPU in GiB (80 GB HBM reads as 80 here: the fit check keeps a margin)."""
+    vcpus: int
+    """vCPUs of the instance: what it takes of the account's EC2 vCPU quota (P5 and P4 instance pages)."""
     network_cards: int
     """Network cards of the instance: one EFA interface per card."""
     network_gbps: int
@@ -109,6 +111,7 @@ PROFILES: dict[str, HardwareProfile] = {
         gpus=8,
         gpu_model="NVIDIA A100-SXM4-80GB",
         gpu_memory_gib=80,
+        vcpus=96,
         network_cards=4,
         network_gbps=400,
         float8=False,
@@ -123,6 +126,7 @@ PROFILES: dict[str, HardwareProfile] = {
         gpus=8,
         gpu_model="NVIDIA H100 80GB HBM3",
         gpu_memory_gib=80,
+        vcpus=192,
         network_cards=32,
         network_gbps=3200,
         float8=True,

@@ -229,6 +229,7 @@ def _env(job: JobSettings, hf_secret: str | None) -> list[dict]:
 def _pod_template(
     job: JobSettings, profile: HardwareProfile, image: str, hf_secret: str | None, shared_claim: str | None = None,
     module: str = "training.finetune",
+    node_labels: Mapping[str, str] | None = None,
 ) -> dict:
     gpus = gpus_per_node(job, profile)
     # Checkpoints and the exported model: the run's directory on the shared claim, else on NVMe.
@@ -282,7 +283,7 @@ def _pod_template(
     return {
         "metadata": {"labels": {**LABELS, RUN_LABEL: RUN}},
         "spec": {
-            "nodeSelector": {"node.kubernetes.io/instance-type": profile.instance_type},
+            "nodeSelector": {"node.kubernetes.io/instance-type": profile.instance_type, **(node_labels or {})},
             "tolerations": [dict(GPU_TOLERATION)],
             "securityContext": dict(WORKER_SECURITY["pod"]),
             # Nothing in the pod calls the Kubernetes API: no service-account token to steal.
@@ -328,19 +329,21 @@ def pytorchjob_manifest(
     rdzv_host: str | None,
     hf_secret: str | None,
     shared_claim: str | None = None,
+    node_labels: Mapping[str, str] | None = None,
     check_only: bool = False,
 ) -> dict:
     """The whole PyTorchJob object. Deterministic: equal inputs give an equal object and name.
 
     ``rdzv_host`` is the etcd Service's DNS name (None with ``c10d``); ``hf_secret`` the name of
     the Secret holding the Hugging Face token (None: no token); ``shared_claim`` the claim every
-    worker mounts for checkpoints and the exported model (None: node-local NVMe).
+    worker mounts for checkpoints and the exported model (None: node-local NVMe), ``node_labels``
+    what a node needs to mount it (``SharedClaim.node_labels``).
     ``check_only``: the one-off job of the node check command (``training.node_check`` with the
     job's flags, named ``node-check-<hash>``, no restart, not scraped).
     """
     restarts = 0 if check_only else job.max_restarts
     template = _pod_template(job, profile, image, hf_secret, shared_claim,
-                             "training.node_check" if check_only else "training.finetune")
+                             "training.node_check" if check_only else "training.finetune", node_labels)
     if check_only:  # the PodMonitor selects the training pods' labels: not these
         template["metadata"]["labels"].update(CHECK_LABELS)
     body = {
@@ -480,6 +483,7 @@ class TrainingJob(pulumi.ComponentResource):
                 rdzv_host=self.rendezvous.host if self.rendezvous else None,
                 hf_secret=HF_SECRET if self.hf_secret else None,
                 shared_claim=args.shared.name if args.shared else None,
+                node_labels=args.shared.node_labels if args.shared else None,
                 check_only=check_only,
             )
 

@@ -277,19 +277,41 @@ def kube_prometheus_stack_values(
             "fullnameOverride": GRAFANA_SERVICE,
             "admin": {"existingSecret": GRAFANA_ADMIN_SECRET, "userKey": "admin-user", "passwordKey": "admin-password"},
             "service": {"type": "ClusterIP"},
+            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
             "sidecar": {
+                # The two sidecars that load dashboards and data sources from ConfigMaps.
+                "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
+                              "limits": {"cpu": "200m", "memory": "256Mi"}},
                 "dashboards": {
                     "enabled": True,
                     "label": next(iter(DASHBOARD_LABEL)),
                     "labelValue": DASHBOARD_LABEL["grafana_dashboard"],
                     "searchNamespace": "ALL",
-                }
+                },
             },
         },
-        "kube-state-metrics": dict(on_system),
-        # A DaemonSet that belongs everywhere, GPU nodes included: the chart's own default (any
-        # NoSchedule taint), spelt out so that it is not replaced by a narrower list.
-        "prometheus-node-exporter": {"tolerations": [{"operator": "Exists", "effect": "NoSchedule"}]},
+        "kube-state-metrics": {
+            **on_system,
+            "fullnameOverride": f"{KPS_FULLNAME}-kube-state-metrics",
+            # No rule or dashboard of ours or the chart's reads kube_secret_*: without that
+            # collector its ClusterRole cannot list every Secret of the cluster.
+            "collectorsExclude": ["secrets"],
+            "resources": {"requests": {"cpu": "50m", "memory": "128Mi"},
+                          "limits": {"cpu": "500m", "memory": "512Mi"}},
+        },
+        "prometheus-node-exporter": {
+            "fullnameOverride": f"{KPS_FULLNAME}-node-exporter",
+            # A DaemonSet that belongs everywhere, GPU nodes included: the chart's own default (any
+            # NoSchedule taint, so the GPU taint too), spelt out so that it is not replaced by a
+            # narrower list.
+            "tolerations": [{"operator": "Exists", "effect": "NoSchedule"}],
+            "resources": {"requests": {"cpu": "20m", "memory": "32Mi"},
+                          "limits": {"cpu": "250m", "memory": "128Mi"}},
+            # It only reads /proc and /sys: no capability, no privilege escalation, the runtime's
+            # default seccomp profile (the chart keeps its non-root user and read-only root).
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "containerSecurityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        },
     }
 
 

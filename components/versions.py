@@ -129,7 +129,7 @@ def standard_support_warning(version: str, today: date) -> str | None:
     return None
 
 
-# Observability (components/observability.py).
+# Observability (components/observability/).
 KUBE_PROMETHEUS_STACK = HelmChart(
     chart="kube-prometheus-stack",
     version="88.5.3",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from components.observability import dcgm_exported_metrics
+from components.observability.gpu_telemetry import dcgm_exported_metrics
 from tests.harness import require_tool
 from training import metric_names as training_metrics
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from components.observability import RULES_FILE, load_rule_groups
+from components.observability.alert_delivery import RULES_FILE, load_rule_groups
 from tests.observability_promql import known_metrics, metric_names, promtool
 
 FIXTURE = Path(__file__).parent / "fixtures" / "observability" / "alert_rules_test.yaml"

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from components import versions
-from components.observability import (
+from components.observability.alert_delivery import (
     ALERT_RECEIVER,
     ALERTMANAGER_SERVICE_ACCOUNT,
     NULL_RECEIVER,

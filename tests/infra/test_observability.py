@@ -20,12 +20,9 @@ from components import versions
 from components.cluster import SYSTEM_NODE_LABEL
 from components.dashboards import gpu_training
 from components.hardware import PROFILES
-from components.observability import (
-    DCGM_COUNTERS_PATH,
-    MONITORING_NAMESPACE,
-    RULES_FILE,
-    dcgm_exported_metrics,
-)
+from components.observability.alert_delivery import RULES_FILE
+from components.observability.common import MONITORING_NAMESPACE
+from components.observability.gpu_telemetry import DCGM_COUNTERS_PATH, dcgm_exported_metrics
 from components.offline import engine_urn, is_secret_value
 from components.settings import SettingsError
 from tests.harness import (

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from components.dashboards import gpu_training
-from components.observability import dcgm_exported_metrics
+from components.observability.gpu_telemetry import dcgm_exported_metrics
 from tests.observability_promql import (
     known_metrics,
     metric_names,

@@ -19,7 +19,8 @@ import yaml
 
 from components import rendering, versions
 from components.dashboards import gpu_training
-from components.observability import GRAFANA_ADMIN_SECRET, GRAFANA_SERVICE, KPS_FULLNAME, MONITORING_NAMESPACE
+from components.observability.common import KPS_FULLNAME, MONITORING_NAMESPACE
+from components.observability.metrics_stack import GRAFANA_ADMIN_SECRET, GRAFANA_SERVICE
 from components.offline import ROOT
 from tests.harness import HELM, Recording
 from tests.infra.test_rendered import CHECKOV_SKIPS_FILE, name_of, own_objects, pod_spec, rendered  # noqa: F401

@@ -92,7 +92,8 @@ def chart_dir(chart: str, version: str) -> Path:
     """The vendored folder of a release's chart (``./components/charts/<chart>-<version>``)."""
     folder = ROOT / chart
     if not chart.startswith("./") or not (folder / "Chart.yaml").is_file():
-        raise FileNotFoundError(f"{chart} {version}: no vendored chart at {folder}; the tests render only vendored charts")
+        raise FileNotFoundError(f"{chart} {version}: no vendored chart at {folder}; "
+                                "the tests render only vendored charts")
     return folder.resolve()
 
 

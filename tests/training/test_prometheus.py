@@ -51,6 +51,12 @@ def test_the_registry_serves_the_declared_names_and_types():
     assert served == metric_names.SERVED
 
 
+def test_the_readme_names_every_served_metric():
+    """training/README.md's list of the contract is complete and names nothing else."""
+    section = (REPO / "training" / "README.md").read_text().split("## Prometheus metrics", 1)[1].split("\n## ", 1)[0]
+    assert set(re.findall(r"`(fsdp_train_\w+)`", section)) == set(metric_names.SERVED)
+
+
 def test_endpoint_serves_moving_step_counter(tmp_path, tiny_cache):
     """Checked against a real HTTP scrape of a 2-rank CPU run with --metrics-port: every
     contract metric is served by local rank 0, and the step gauge, the step counter and the

@@ -123,8 +123,11 @@ class GpuNodeSettings:
 
 
 STACK_OWNED_TRAINING_FIELDS = ("checkpoint_dir", "output_dir", "cache_dir", "metrics_port",
-                               "metrics_file")
-"""Training flags the stack sets itself (where the pod's volumes and ports are); not stack keys."""
+                               "metrics_file", "node_check_gpus", "node_check_efa",
+                               "node_check_min_shm_gib", "node_check_min_busbw_gbs",
+                               "node_check_min_node_busbw_gbs")
+"""Training flags the stack sets itself (where the pod's volumes and ports are, what the node
+check must find: the pod's devices and the profile's thresholds); not stack keys."""
 
 DATASET_DEFAULTS: dict[str, Any] = {
     "dataset": "knkarthick/samsum",

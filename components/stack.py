@@ -205,6 +205,8 @@ def _training(
         "job_status_command": job.commands["job_status_command"],
         "job_logs_command": job.commands["job_logs_command"],
         "job_delete_command": job.commands["job_delete_command"],
+        "node_check_manifest": job.node_check_manifest,
+        "node_check_command": job.commands["node_check_command"],
     }
 
 

@@ -20,6 +20,9 @@ LAST_CHECKPOINT_TIMESTAMP = "fsdp_train_last_checkpoint_timestamp_seconds"
 LAST_STEP_TIMESTAMP = "fsdp_train_last_step_timestamp_seconds"
 EVAL_LOSS = "fsdp_train_eval_loss"
 EVAL_PERPLEXITY = "fsdp_train_eval_perplexity"
+NODE_CHECK_BUSBW = "fsdp_node_check_busbw_gigabytes_per_second"
+NODE_CHECK_STORAGE = "fsdp_node_check_storage_megabytes_per_second"
+NODE_CHECK_SECONDS = "fsdp_node_check_seconds"
 
 SERVED: dict[str, str] = {
     STEP: "gauge",
@@ -34,5 +37,8 @@ SERVED: dict[str, str] = {
     LAST_STEP_TIMESTAMP: "gauge",
     EVAL_LOSS: "gauge",
     EVAL_PERPLEXITY: "gauge",
+    NODE_CHECK_BUSBW: "gauge",
+    NODE_CHECK_STORAGE: "gauge",
+    NODE_CHECK_SECONDS: "gauge",
 }
 """Every metric the job serves -> its Prometheus type (a counter is rated, a gauge is not)."""

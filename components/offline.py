@@ -111,6 +111,13 @@ class Registration:
     """Names of the resources it waits for (``depends_on`` and the resources its inputs come from)."""
     delete_before_replace: bool = False
     """Its ``delete_before_replace`` option: a replacement deletes the old one first."""
+    urn: str = ""
+    """Its URN, as the engine builds it: the parent's type chain, its type, its name."""
+    parent: str = ""
+    """Its parent's URN."""
+    aliases: list[str] = field(default_factory=list)
+    """The URNs of its ``aliases`` option (what a stack's state may still know it by); those it
+    inherits from its parent's aliases are not listed."""
 
 
 @dataclass
@@ -229,6 +236,16 @@ class AwsLikeMocks(pulumi.runtime.Mocks):
         return {}
 
 
+def engine_urn(parent: str, type_: str, name: str, stack: str | None = None) -> str:
+    """A resource's URN as the engine builds it: the parent's whole type chain (the stack's
+    excepted), then the type and the name; ``stack``: the current one. (The SDK's mock keeps only
+    the parent's last type.)"""
+    chain = parent.split("::")[2] if parent else "pulumi:pulumi:Stack"
+    if chain != "pulumi:pulumi:Stack":
+        type_ = f"{chain}${type_}"
+    return f"urn:pulumi:{stack or pulumi.get_stack()}::{pulumi.get_project()}::{type_}::{name}"
+
+
 class NoResourceRefsMonitor(pulumi_mocks.MockMonitor):
     """Resource references to mocked component outputs cannot be rebuilt: turn them off."""
 
@@ -240,12 +257,28 @@ class NoResourceRefsMonitor(pulumi_mocks.MockMonitor):
         super().__init__(mocks)
         self.dependencies: dict[tuple[str, str], list[str]] = {}
         self.delete_before_replace: set[tuple[str, str]] = set()
+        self.identities: dict[tuple[str, str], tuple[str, str, list[str]]] = {}
+        """(type, name) -> URN, parent URN, alias URNs."""
+
+    def make_urn(self, parent: str, type_: str, name: str) -> str:
+        return engine_urn(parent, type_, name)
+
+    def _alias_urn(self, alias, request) -> str:
+        """An alias as the engine resolves it: a URN, or a spec whose unset fields are the resource's own."""
+        if alias.urn:
+            return alias.urn
+        spec = alias.spec
+        parent = "" if spec.noParent else (spec.parentUrn or request.parent)
+        return self.make_urn(parent, spec.type or request.type, spec.name or request.name)
 
     def RegisterResource(self, request):
         # The engine's view of ordering: what this resource waits for, as resource names.
-        self.dependencies[(request.type, request.name)] = [urn.split("::")[-1] for urn in request.dependencies]
+        key = (request.type, request.name)
+        self.dependencies[key] = [urn.split("::")[-1] for urn in request.dependencies]
         if request.deleteBeforeReplace:
-            self.delete_before_replace.add((request.type, request.name))
+            self.delete_before_replace.add(key)
+        self.identities[key] = (self.make_urn(request.parent, request.type, request.name), request.parent,
+                                [self._alias_urn(a, request) for a in request.aliases])
         return super().RegisterResource(request)
 
 
@@ -281,6 +314,8 @@ def run_program(config: dict[str, Any], stack: str = "test", mocks: AwsLikeMocks
     for registration in recording.resources:
         registration.dependencies = monitor.dependencies.get((registration.type, registration.name), [])
         registration.delete_before_replace = (registration.type, registration.name) in monitor.delete_before_replace
+        registration.urn, registration.parent, registration.aliases = monitor.identities[
+            (registration.type, registration.name)]
     return recording
 
 
@@ -371,7 +406,7 @@ def write_manifests(recording: Recording, out: Path) -> list[Path]:
         written.append(path)
     for r in recording.of_type("kubernetes:helm.sh/v3:Release"):
         path = out / f"helm-{r.name}.yaml"
-        release = masked({k: r.inputs.get(k) for k in ("chart", "version", "repositoryOpts", "namespace", "values")})
+        release = masked({k: r.inputs.get(k) for k in ("chart", "version", "namespace", "values")})
         path.write_text(yaml.safe_dump(release, sort_keys=False))
         written.append(path)
     return written

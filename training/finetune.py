@@ -52,6 +52,7 @@ from training.metrics import (
     step_metrics,
 )
 from training.model import allocate, build_meta_model, load_weights, set_sdpa_backend
+from training.node_check import check_job, node_name
 from training.optim import build_optimizer, build_scheduler, set_horizon
 from training.owner import DirectoryOwner
 from training.parallel import (
@@ -416,8 +417,9 @@ def run(cfg: JobConfig, env: DistEnv, faults: Faults | None = None) -> dict:
     from transformers import AutoTokenizer
 
     _check_paths(cfg)
+    _own_checkpoint_dir(cfg, env)  # before the node check writes its probe into it
+    node_check = check_job(cfg, env)  # the nodes and the fabric, before any download
     check_precision(cfg.model.precision, env.device)
-    _own_checkpoint_dir(cfg, env)
     records = _build_records(cfg, env)
     model_dir = hub.fetch_model(cfg.model.model, cfg.model.cache_dir, cfg.train.seed, env)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -438,6 +440,7 @@ def run(cfg: JobConfig, env: DistEnv, faults: Faults | None = None) -> dict:
     log.info("plan: steps %d..%d, %s", state.step + 1, run_.total, json.dumps(description))
     with ExitStack() as stack:
         out = MetricsLogger(cfg, env, stack, state.step, run_.total)
+        out.node_check(node_check, node_name())
         history = _train(cfg, run_, out, description["run/flops_per_token"], env, faults)
         if history is None:  # stopped by a test's fault hook
             return {}

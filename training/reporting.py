@@ -51,6 +51,10 @@ class MetricsLogger:
     def checkpoint(self) -> None:
         self.prom.observe_checkpoint()
 
+    def node_check(self, report, node: str) -> None:
+        """The node check's figures (`node_check.Report`, None with --no-node-check)."""
+        self.prom.observe_node_check(report, node)
+
     def summary(self, history: list[dict], evals: list[dict], best: dict,
                 description: dict) -> dict:
         """The run's summary, written and logged: steady-state speed (the first steps, up to

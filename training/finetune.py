@@ -224,10 +224,25 @@ def parallelize_model(cfg: JobConfig, model: nn.Module, env: DistEnv,
     return mesh, parallel
 
 
+def _warn_beyond_context(seq_len: int, config) -> None:
+    """A --seq-len beyond the positions the model was trained at (config.json's
+    max_position_embeddings) without RoPE scaling in its config: it trains, but the positions
+    beyond are untrained (preview says the same from training/shapes.py's table)."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    trained = getattr(config, "max_position_embeddings", None)
+    if trained and seq_len > trained and rope.get("rope_type", "default") == "default":
+        log.warning("--seq-len %d: the model was trained at %d positions and its config.json "
+                    "sets no RoPE scaling, so positions beyond %d are untrained and quality "
+                    "drops; this package has no RoPE-scaling option: use --seq-len %d or less, "
+                    "or a model whose config.json sets rope_scaling", seq_len, trained, trained,
+                    trained)
+
+
 def build_model(cfg: JobConfig, model_dir: Path, env: DistEnv) -> tuple[nn.Module, Parallelism]:
     """The model of `model_dir`, ready to train: meta-device model -> `parallelize_model` ->
     load weights; and what `parallelize` did to it."""
     model = build_meta_model(model_dir)
+    _warn_beyond_context(cfg.data.seq_len, model.config)
     mesh, parallel = parallelize_model(cfg, model, env)
     started = time.perf_counter()
     read = all_sum(load_weights(model, model_dir), env.device)

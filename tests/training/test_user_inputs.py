@@ -324,3 +324,16 @@ def test_a_gone_owner_does_not_block_a_restart(owner, age_s, env, tmp_path, tiny
     log = trained(finetune(tiny_cache, *QUICK, "--checkpoint-dir", str(ckpt), env=env))
     assert ("taking it over from a run that is gone" in log) == (not env)
     assert (ckpt / "step_00000001" / "COMPLETE").is_file()
+
+
+@pytest.mark.parametrize("seq_len, warned", [(4160, True), (4096, False)])
+def test_a_sequence_beyond_the_trained_context_is_a_warning(seq_len, warned, tmp_path,
+                                                            tiny_cache):
+    """Checked against the tiny preset's config.json (max_position_embeddings 4096, no
+    rope_scaling; training/tiny.py): --seq-len 4160 trains with a warning naming both numbers
+    and that there is no RoPE-scaling option; 4096 does not warn."""
+    log = trained(finetune(tiny_cache, *QUICK, "--seq-len", str(seq_len)))
+    warning = (f"--seq-len {seq_len}: the model was trained at 4096 positions and its "
+               "config.json sets no RoPE scaling")
+    assert (warning in log) == warned, log[-3000:]
+    assert ("no RoPE-scaling option" in log) == warned

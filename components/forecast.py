@@ -6,8 +6,8 @@ checkpointing; 48.4 % for 13B with selective; eager steps 0.774 of compiled ones
 full AC; float8 linears 1.307 x bf16, measured without AC), times the profile's bf16 peak, over
 the model's FLOPs per token (docs/design.md#measuring-speed), is one node's tokens/s per GPU (the A100 is
 assumed to reach the H100's MFU, as in the scaling model); ``training.scaling_model`` then
-adds what FSDP's collectives cost across the job's nodes. Money: the nodes' on-demand price
-(``components/hardware.py``, dated). Both are estimates for planning, not promises: other models,
+adds what FSDP's collectives cost across the job's nodes. Money: the nodes' price
+(``components/hardware.py``, with its basis: on demand, or a Capacity Block's rate, dated). Both are estimates for planning, not promises: other models,
 batches and sequence lengths than the measured ones move the MFU.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from components.hardware import PRICES_AS_OF, HardwareProfile
+from components.hardware import HardwareProfile
 from components.memory_fit import model_shape
 from components.settings import Settings, gpus_per_node
 from training import config as training_config
@@ -68,7 +68,7 @@ def forecast(shape: ModelShape, job: training_config.JobConfig, profile: Hardwar
     p = predict(params=shape.parameters, measured_step_s=step_s, measured_gpus=gpus_per_node,
                 strategy=sharding, cluster=cluster)
     return Forecast(tokens_per_s_per_gpu=one_node * step_s / p.step_s, scaling_efficiency=p.efficiency,
-                    gpus=nodes * gpus_per_node, usd_per_hour=nodes * profile.on_demand_usd_per_hour)
+                    gpus=nodes * gpus_per_node, usd_per_hour=nodes * profile.usd_per_hour)
 
 
 def preview_line(settings: Settings) -> str | None:
@@ -88,6 +88,6 @@ def describe(f: Forecast, profile: HardwareProfile, nodes: int) -> str:
     """The preview line."""
     return (f"job forecast: about {f.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, {f.tokens_per_s:,.0f} for "
             f"the job ({f.gpus} GPUs, {f.scaling_efficiency:.0%} of one node's per-GPU rate); GPU nodes "
-            f"{nodes} x {profile.instance_type} at ${profile.on_demand_usd_per_hour:,.2f}/h on demand "
-            f"(us-east-1, {PRICES_AS_OF}) = ${f.usd_per_hour:,.2f}/h, about ${f.usd_per_billion_tokens:,.0f} "
+            f"{nodes} x {profile.instance_type} at ${profile.usd_per_hour:,.2f}/h {profile.price_basis} "
+            f"= ${f.usd_per_hour:,.2f}/h, about ${f.usd_per_billion_tokens:,.0f} "
             f"and {1e9 / f.tokens_per_s / 3600:.1f} h per billion tokens")

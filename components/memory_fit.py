@@ -38,7 +38,7 @@ peak reserved, at most 15 % above it, with the package's allocator setting.
 in the background: fp32 parameters and the two AdamW moments, 12 bytes per parameter over the
 shard group (gradients are not saved). That copy plus ``HOST_ALLOWANCE_GIB`` for the process
 itself must fit in the memory the worker pod requests per GPU
-(``training_job.MEMORY_GIB_PER_GPU``), or the job is refused with the fix (more nodes, a
+(``HardwareProfile.pod_memory_gib_per_gpu``), or the job is refused with the fix (more nodes, a
 sharded strategy, or ``job.asyncCheckpoint: false``).
 """
 
@@ -233,8 +233,6 @@ def staging_gib(shape: ModelShape, *, sharding: str, nodes: int, gpus_per_node: 
 
 def staging_problems(s: Settings) -> list[Problem]:
     """Refuse an async-checkpointing job whose host copy would not fit in the pod's memory."""
-    from components.training_job import MEMORY_GIB_PER_GPU  # the pod's request per GPU
-
     j = s.job
     t = training_config.flat(j.training)
     if (not t["async_checkpoint"] or t["model"] == TINY_MODEL or _min_nodes(j) < 1
@@ -245,13 +243,14 @@ def staging_problems(s: Settings) -> list[Problem]:
         return []  # gpu_problems asks for the parameter count
     staged = staging_gib(shape, sharding=t["sharding"], nodes=_min_nodes(j),
                          gpus_per_node=gpus_per_node(j, s.profile))
-    if staged + HOST_ALLOWANCE_GIB <= MEMORY_GIB_PER_GPU:
+    requested = s.profile.pod_memory_gib_per_gpu
+    if staged + HOST_ALLOWANCE_GIB <= requested:
         return []
     return [Problem("job.asyncCheckpoint", True,
                     f"an async checkpoint copies {staged:.1f} GiB per GPU process to host memory "
                     f"({STAGED_BYTES_PER_PARAM} B x {shape.parameters / 1e9:.2f}B parameters over the "
                     f"{t['sharding']} shard group), which with {HOST_ALLOWANCE_GIB:.0f} GiB for the process "
-                    f"exceeds the {MEMORY_GIB_PER_GPU} GiB the worker requests per GPU: run on more nodes, "
+                    f"exceeds the {requested} GiB the worker requests per GPU: run on more nodes, "
                     "use job.sharding FULL_SHARD, or set job.asyncCheckpoint false (checkpoints then "
                     "pause training while they are written)")]
 

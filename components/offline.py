@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ import pulumi
 import yaml
 from pulumi.runtime import config as runtime_config
 from pulumi.runtime import mocks as pulumi_mocks
+
+from components.hardware import PROFILES, HardwareProfile
 
 ROOT = Path(__file__).resolve().parent.parent
 STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
@@ -28,20 +31,21 @@ DUMMY_SECRETS = {"fsdp-eks:hfToken": "hf_dummy_token_offline", "fsdp-eks:grafana
 
 EXAMPLE_RESERVATION_ID = "cr-0123456789abcdef0"
 """A made-up capacity reservation id, for the offline plan only."""
-OFFLINE_EXAMPLES: dict[str, dict[str, dict[str, Any]]] = {
-    # p4de.24xlarge is sold only through capacity reservations, so the p4de stack file carries
-    # no id (a made-up one passes preview and fails half an hour into `pulumi up`): preview asks
-    # for the user's. The offline plan fills in this example where the stack file has none.
-    "p4de": {"gpuNodes": {"capacityReservationId": EXAMPLE_RESERVATION_ID}},
-}
-"""Profile -> section -> key: example values the offline plan (never `pulumi up`) supplies for
-what each user must set themselves, when the stack file leaves them out."""
+
+
+def examples_for(profile: HardwareProfile) -> dict[str, dict[str, Any]]:
+    """Section -> key -> the example values the offline plan (never `pulumi up`) supplies for
+    what each user of ``profile`` must set themselves. A type sold only through capacity
+    reservations has no id in its stack file (a made-up one passes preview and fails half an
+    hour into `pulumi up`): preview asks for the user's, the offline plan uses this example."""
+    return {"gpuNodes": {"capacityReservationId": EXAMPLE_RESERVATION_ID}} if profile.reservation_only else {}
 
 
 def offline_examples(config: dict[str, Any]) -> dict[str, Any]:
     """The example values ``config`` lacks, as ``{"section.key": value}`` (what the plan prints)."""
+    profile = PROFILES.get(config.get("fsdp-eks:profile", ""))
     examples = {}
-    for section, values in OFFLINE_EXAMPLES.get(config.get("fsdp-eks:profile", ""), {}).items():
+    for section, values in (examples_for(profile) if profile else {}).items():
         given = config.get(f"fsdp-eks:{section}", {})
         examples.update({f"{section}.{k}": v for k, v in values.items() if k not in given})
     return examples
@@ -59,10 +63,16 @@ def stack_config(stack: str) -> dict[str, Any]:
     committed = [k for k, v in config.items() if isinstance(v, dict) and "secure" in v]
     if committed:
         raise ValueError(f"Pulumi.{stack}.yaml commits encrypted values for {committed}: remove them")
+    return {**with_examples(config), **DUMMY_SECRETS}
+
+
+def with_examples(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (keys with namespace) with the example values it lacks (``offline_examples``)."""
+    config = dict(config)
     for dotted, value in offline_examples(config).items():
         section, key = dotted.split(".", 1)
         config[f"fsdp-eks:{section}"] = {**config.get(f"fsdp-eks:{section}", {}), key: value}
-    return {**config, **DUMMY_SECRETS}
+    return config
 
 
 EXAMPLE_ZONE_IDS: dict[str, dict[str, str]] = {
@@ -70,18 +80,29 @@ EXAMPLE_ZONE_IDS: dict[str, dict[str, str]] = {
                   "us-west-2d": "usw2-az4"},
     "us-east-1": {"us-east-1a": "use1-az6", "us-east-1b": "use1-az1", "us-east-1c": "use1-az2",
                   "us-east-1d": "use1-az4", "us-east-1e": "use1-az3", "us-east-1f": "use1-az5"},
+    "us-east-2": {"us-east-2a": "use2-az1", "us-east-2b": "use2-az2", "us-east-2c": "use2-az3"},
 }
 """AZ name -> zone id, as ``aws ec2 describe-availability-zones`` answers one account: an
 EXAMPLE. Each account maps names to physical zones differently (us-east-1e is use1-az3, where EKS
 places no control plane, only in this table)."""
-EXAMPLE_OFFERINGS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("us-west-2", "p5.48xlarge"): ("us-west-2a", "us-west-2c"),
-    ("us-west-2", "p4de.24xlarge"): ("us-west-2b",),
-    ("us-east-1", "p5.48xlarge"): ("us-east-1a", "us-east-1d"),
-    ("us-east-1", "p4de.24xlarge"): ("us-east-1a", "us-east-1c"),
+EXAMPLE_OFFERINGS: dict[tuple[str, bool], tuple[str, ...]] = {
+    ("us-west-2", False): ("us-west-2a", "us-west-2c"),
+    ("us-west-2", True): ("us-west-2b",),
+    ("us-east-1", False): ("us-east-1a", "us-east-1d"),
+    ("us-east-1", True): ("us-east-1a", "us-east-1c"),
+    ("us-east-2", False): ("us-east-2a", "us-east-2b"),
+    ("us-east-2", True): ("us-east-2b", "us-east-2c"),
 }
-"""(region, instance type) -> AZ names that offer it (``describe-instance-type-offerings
---location-type availability-zone``): an EXAMPLE, not what any account is offered."""
+"""(region, sold only through reservations) -> AZ names that offer such a GPU instance type
+(``describe-instance-type-offerings --location-type availability-zone``): an EXAMPLE, not what
+any account is offered, keyed by the profile's ``reservation_only`` so that a new row needs no
+entry here."""
+
+
+def example_offerings(region: str, instance_type: str) -> tuple[str, ...]:
+    """The example offerings of a known GPU instance type (none for any other)."""
+    profiles = [p for p in PROFILES.values() if p.instance_type == instance_type]
+    return EXAMPLE_OFFERINGS.get((region, profiles[0].reservation_only), ()) if profiles else ()
 
 
 @dataclass
@@ -128,12 +149,12 @@ class AwsLikeMocks(pulumi.runtime.Mocks):
     """Answers like AWS would: ids, ARNs, and the outputs our components read."""
 
     def __init__(self, region: str, zone_ids: dict[str, dict[str, str]] | None = None,
-                 offerings: dict[tuple[str, str], tuple[str, ...]] | None = None):
+                 offerings: Callable[[str, str], tuple[str, ...]] | None = None):
         self.region = region
         self.registrations: list[Registration] = []
         self.zone_ids = EXAMPLE_ZONE_IDS if zone_ids is None else zone_ids
         """How the AZ invokes answer: region -> AZ name -> zone id."""
-        self.offerings = EXAMPLE_OFFERINGS if offerings is None else offerings
+        self.offerings = example_offerings if offerings is None else offerings
         """How the offerings invoke answers: (region, instance type) -> AZ names."""
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
@@ -183,7 +204,7 @@ class AwsLikeMocks(pulumi.runtime.Mocks):
         if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
             region = args.args.get("region") or self.region
             wanted = [v for f in args.args.get("filters", []) if f["name"] == "instance-type" for v in f["values"]]
-            found = [(az, t) for t in wanted for az in self.offerings.get((region, t), ())]
+            found = [(az, t) for t in wanted for az in self.offerings(region, t)]
             return {"locations": [az for az, _ in found], "instanceTypes": [t for _, t in found],
                     "locationTypes": ["availability-zone"] * len(found), "id": region}
         return {}

@@ -85,10 +85,6 @@ NCCL_TRACE_PREFIX = f"{RUN_DIR}/nccl_trace_rank_"
 SHM_SIZE = "64Gi"
 NCCL_TRACE_BUFFER_SIZE = 2000
 """Flight-recorder entries kept per process (collectives in flight when a hang is dumped)."""
-CPU_PER_GPU = 8
-MEMORY_GIB_PER_GPU = 96
-"""Requests per GPU: what both profiles have after system reservations (p4de: 12 vCPU and
-144 GiB per GPU, p5: 24 vCPU and 256 GiB). Requests only: memory above them is usable."""
 MAX_NAME = 50
 """The job name plus ``-worker-<index>`` must stay a 63-character DNS label (pod and Service)."""
 HASH_LENGTH = 10
@@ -217,7 +213,8 @@ def _pod_template(
         "ports": ports,
         "securityContext": dict(WORKER_SECURITY["container"]),
         "resources": {
-            "requests": {"cpu": str(CPU_PER_GPU * gpus), "memory": f"{MEMORY_GIB_PER_GPU * gpus}Gi", **devices},
+            "requests": {"cpu": str(profile.pod_cpu_per_gpu * gpus),
+                         "memory": f"{profile.pod_memory_gib_per_gpu * gpus}Gi", **devices},
             "limits": dict(devices),
         },
         "volumeMounts": [

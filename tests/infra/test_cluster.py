@@ -158,7 +158,8 @@ def test_gpu_node_group_shape(recording: Recording, stack: str):
     settings = gpu_settings(stack)
     assert group["amiType"] == "AL2023_x86_64_NVIDIA"
     assert group["instanceTypes"] == [profile_of(stack).instance_type]
-    assert group["capacityType"] == "ON_DEMAND"
+    # EKS user guide, "Create a managed node group with Capacity Blocks for ML": CAPACITY_BLOCK
+    assert group["capacityType"] == ("CAPACITY_BLOCK" if settings.get("capacityBlock") else "ON_DEMAND")
     assert group["labels"]["nvidia.com/gpu"] == "true"
     assert {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"} in group["taints"]
     scaling = {k: int(v) for k, v in group["scalingConfig"].items()}

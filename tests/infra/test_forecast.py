@@ -36,15 +36,16 @@ def test_float8_and_more_nodes_move_speed_and_money_as_measured_and_priced():
     fp8 = forecast(SEVEN, job("--activation-checkpointing", "none", "--compile", "--precision", "fp8"),
                    p5, 16, 8)
     assert fp8.tokens_per_s_per_gpu / bf16.tokens_per_s_per_gpu == pytest.approx(15766 / 12065, rel=0.02)
-    assert bf16.usd_per_hour == pytest.approx(16 * p5.on_demand_usd_per_hour)
+    assert bf16.usd_per_hour == pytest.approx(16 * p5.usd_per_hour)
     assert 0.97 <= bf16.scaling_efficiency <= 1.0
     assert bf16.usd_per_billion_tokens == pytest.approx(
         bf16.usd_per_hour / (bf16.tokens_per_s * 3600 / 1e9))
 
 
-@pytest.mark.parametrize("stack", ["p5", "p4de"])
 def test_every_committed_stack_prints_time_and_money(stack):
-    """The case a user meets: each stack file's job gets a line with tokens/s and $ per hour."""
+    """The case a user meets: each stack file's job gets a line with tokens/s and $ per hour,
+    and says what the price is (on demand, or a Capacity Block's rate)."""
+    profile = PROFILES[raw_settings(stack)["profile"]]
     line = preview_line(parse(raw_settings(stack)))
-    assert line and "tokens/s per GPU" in line and "/h on demand" in line
-    assert PROFILES[stack].instance_type in line
+    assert line and "tokens/s per GPU" in line
+    assert f"{profile.instance_type} at ${profile.usd_per_hour:,.2f}/h {profile.price_basis} = $" in line

@@ -219,12 +219,12 @@ def test_every_rule_is_needed(rule, monkeypatch):
 
 def test_reservation_only_is_a_property_of_the_profile(monkeypatch):
     """Checked against the profile table, not the profile's name: a profile marked
-    reservation-only (as a p5e row would be) is refused without a reservation, and p4de
-    unmarked would be accepted."""
+    reservation-only is refused without a reservation, and p4de unmarked would be accepted."""
     p5, p4de = hardware.PROFILES["p5"], hardware.PROFILES["p4de"]
     monkeypatch.setitem(hardware.PROFILES, "p5", dataclasses.replace(p5, reservation_only=True))
     monkeypatch.setitem(hardware.PROFILES, "p4de", dataclasses.replace(p4de, reservation_only=False))
-    assert "p5.48xlarge is only sold" in problems(raw("p5"))["gpuNodes.capacityReservationId"][0]
+    no_reservation = changed("p5", {"gpuNodes.capacityReservationId": DROP})
+    assert "p5.48xlarge is only sold" in problems(no_reservation)["gpuNodes.capacityReservationId"][0]
     assert problems(changed("p4de", {"gpuNodes.capacityReservationId": DROP})) == {}
 
 

@@ -11,17 +11,19 @@ from components.cluster import (
     ExistingClusterArgs,
 )
 from components.device_plugins import DevicePlugins, DevicePluginsArgs
-from components.forecast import preview_line
 from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
 from components.network import Network, NetworkArgs
 from components.observability import EksAddonTarget, Observability, ObservabilityArgs
+from components.planning.forecast import describe, forecast
+from components.planning.memory_fit import model_shape
 from components.preflight import preflight
 from components.registry import TrainingImage, TrainingImageArgs
-from components.settings import Settings
+from components.settings import Settings, gpus_per_node
 from components.settings_parser import load_settings
 from components.storage import SharedClaim, SharedStorage, SharedStorageArgs
 from components.training_job import TrainingJob, TrainingJobArgs
 from components.training_operator import TrainingOperator, TrainingOperatorArgs
+from training import config as training_config
 
 
 def gpu_nodes_command(profile_instance_type: str) -> str:
@@ -32,6 +34,19 @@ def gpu_nodes_command(profile_instance_type: str) -> str:
         "GPU:.status.allocatable.nvidia\\.com/gpu,"
         "EFA:.status.allocatable.vpc\\.amazonaws\\.com/efa'"
     )
+
+
+def preview_line(settings: Settings) -> str | None:
+    """The forecast of the stack's job, or None for a model the fit check does not know."""
+    job, profile = settings.job, settings.profile
+    t = job.training
+    if t.model.model == training_config.TINY_MODEL:
+        return None
+    shape = model_shape(t.model.model, job.model_parameters)
+    if shape is None:
+        return None
+    f = forecast(shape, t, profile, job.nodes, gpus_per_node(job, profile))
+    return describe(f, profile, job.nodes)
 
 
 def build_stack(settings: Settings) -> dict[str, object]:

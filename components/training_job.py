@@ -59,7 +59,7 @@ import pulumi_kubernetes as k8s
 
 from components import rendezvous
 from components.gpu_nodes import GPU_TOLERATION
-from components.hardware import HardwareProfile
+from components.planning.hardware import HardwareProfile
 from components.settings import JobSettings, gpus_per_node, job_node_bounds
 from components.storage import SharedClaim
 from training import config as training_config

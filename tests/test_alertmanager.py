@@ -24,7 +24,7 @@ from components.observability import (
     SLACK_SECRET_KEY,
     alert_names,
 )
-from components.offline import is_secret_value
+from offline.recording import is_secret_value
 from components.settings_parser import settings_warnings
 from tests.harness import (
     POD_IDENTITY,

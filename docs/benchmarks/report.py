@@ -13,10 +13,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from components.hardware import PROFILES  # noqa: E402
+from components.planning.hardware import PROFILES  # noqa: E402
+from components.planning.scaling_model import Cluster, predict  # noqa: E402
 from training.bench import SHAPES  # noqa: E402
-from training.metrics import flops_per_token  # noqa: E402
-from training.scaling_model import Cluster, predict  # noqa: E402
+from training.shapes import flops_per_token  # noqa: E402
 
 from records import load  # noqa: E402
 
@@ -84,7 +84,7 @@ CLUSTERS = {
                nvlink_busbw_gbs=PROFILES[name].nvlink_busbw_gbs, peak=PROFILES[name].gpu_peak_bf16_flops)
     for name in ("p5", "p4de")  # the charts' order
 }
-"""The instance profiles (components/hardware.py) as the scaling model sees them."""
+"""The instance profiles (components/planning/hardware.py) as the scaling model sees them."""
 
 
 def one_node_steps() -> dict[str, tuple[float, str]]:
@@ -151,7 +151,7 @@ def scaling_chart(rows) -> None:
         ax.legend(fontsize=7)
     axes[0].set_ylabel("predicted per-GPU throughput vs 1 node (%)")
     axes[0].set_ylim(0, 105)
-    fig.suptitle("FSDP scaling on paper (training/scaling_model.py): 80 % of line rate, 90 % "
+    fig.suptitle("FSDP scaling on paper (components/planning/scaling_model.py): 80 % of line rate, 90 % "
                  "overlap, contention 0.6 per hidden second (lines; shaded up to: per "
                  "NVLink-equivalent second)", fontsize=9)
     fig.tight_layout()

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from components import versions
-from components.hardware import PROFILES
+from components.planning.hardware import PROFILES
 from tests.harness import (
     GPU_TAINT,
     HELM,
@@ -310,7 +310,7 @@ def test_existing_cluster_kubeconfig_authenticates_with_aws_eks_get_token():
     (context,) = config["contexts"]
     assert config["current-context"] == context["name"]
     (cluster,) = [c["cluster"] for c in config["clusters"] if c["name"] == context["context"]["cluster"]]
-    # The mocks' getCluster answer for "research" (components/offline.py).
+    # The mocks' getCluster answer for "research" (offline/mocks.py).
     assert cluster == {"server": "https://EXAMPLE.gr7.eks.amazonaws.com", "certificate-authority-data": "Q0VSVA=="}
     (user,) = [u["user"] for u in config["users"] if u["name"] == context["context"]["user"]]
     exec_ = user["exec"]

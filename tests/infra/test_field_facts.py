@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from components.hardware import PROFILES
+from components.planning.hardware import PROFILES
 from tests.harness import Recording, container, job_of, plain, stack_config, worker
 from training.hardware import peak_bf16_flops
 

@@ -22,11 +22,12 @@ import pulumi_eks as eks
 import pytest
 import yaml
 
-from components import offline, versions
+from components import versions
 from components.gpu_nodes import container_rlimits
-from components.offline import AwsLikeMocks
 from components.preflight import EKS_UNSUPPORTED_ZONE_IDS, zone_problems
 from components.settings import Secrets, SettingsError
+from offline import plan, stacks
+from offline.mocks import AwsLikeMocks
 from tests.harness import (
     HELM,
     Recording,
@@ -132,22 +133,22 @@ def test_preview_refuses_a_gpu_az_without_the_instance_type_and_names_where_it_i
 def test_p4de_stack_file_carries_no_reservation_and_preview_asks_for_it():
     """A made-up id passes preview and fails half an hour into `up`: the file has none, preview
     says how to set yours, and only the offline plan fills in a labelled example."""
-    committed = offline.stack_file_config("p4de")["fsdp-eks:gpuNodes"]
+    committed = stacks.stack_file_config("p4de")["fsdp-eks:gpuNodes"]
     assert "capacityReservationId" not in committed
-    raw = {k.split(":", 1)[1]: v for k, v in offline.stack_file_config("p4de").items() if k.startswith("fsdp-eks:")}
+    raw = {k.split(":", 1)[1]: v for k, v in stacks.stack_file_config("p4de").items() if k.startswith("fsdp-eks:")}
     message = str(settings_error(raw, stack="p4de"))
     assert "gpuNodes.capacityReservationId = None" in message
     assert "pulumi config set --path gpuNodes.capacityReservationId" in message
-    assert stack_config("p4de")["fsdp-eks:gpuNodes"]["capacityReservationId"] == offline.EXAMPLE_RESERVATION_ID
+    assert stack_config("p4de")["fsdp-eks:gpuNodes"]["capacityReservationId"] == stacks.EXAMPLE_RESERVATION_ID
 
 
 def test_the_offline_plan_labels_the_example_reservation(capsys):
-    examples = offline.offline_examples(offline.stack_file_config("p4de"))
-    assert examples == {"gpuNodes.capacityReservationId": offline.EXAMPLE_RESERVATION_ID}
-    offline.print_plan(Recording([]), "p4de", examples)
-    assert f"EXAMPLE value, offline plan only: gpuNodes.capacityReservationId = {offline.EXAMPLE_RESERVATION_ID}" in (
+    examples = stacks.offline_examples(stacks.stack_file_config("p4de"))
+    assert examples == {"gpuNodes.capacityReservationId": stacks.EXAMPLE_RESERVATION_ID}
+    plan.print_plan(Recording([]), "p4de", examples)
+    assert f"EXAMPLE value, offline plan only: gpuNodes.capacityReservationId = {stacks.EXAMPLE_RESERVATION_ID}" in (
         capsys.readouterr().out)
-    assert offline.offline_examples(offline.stack_file_config("p5")) == {}
+    assert stacks.offline_examples(stacks.stack_file_config("p5")) == {}
 
 
 # --------------------------------------------------------------------------- 4. locked memory for EFA

@@ -1,12 +1,13 @@
-"""The preview's forecast of speed and money (components/forecast.py)."""
+"""The preview's forecast of speed and money (components/planning/forecast.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from components.forecast import forecast, preview_line
-from components.hardware import PROFILES
-from components.memory_fit import model_shape
+from components.planning.forecast import forecast
+from components.planning.hardware import PROFILES
+from components.planning.memory_fit import model_shape
+from components.stack import preview_line
 from tests.harness import parse, raw_settings
 from training import config as C
 

@@ -1,4 +1,4 @@
-"""The README's recipe "add a GPU profile": one row in components/hardware.py and one stack file
+"""The README's recipe "add a GPU profile": one row in components/planning/hardware.py and one stack file
 are all the program needs. Checked by adding a made-up row (an instance type no table knows)
 and running the whole program for it under mocks, as a stack file naming it would."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from components import hardware
-from components.offline import with_examples
+from offline.stacks import with_examples
+from components.planning import hardware
 from tests.harness import container, job_of, run_program, variant_config
 
 NEW = dataclasses.replace(hardware.PROFILES["p5en"], instance_type="p9.48xlarge", gpus=4, network_cards=8,
@@ -17,7 +17,7 @@ NEW = dataclasses.replace(hardware.PROFILES["p5en"], instance_type="p9.48xlarge"
 
 def test_a_new_row_is_all_the_program_needs(monkeypatch):
     monkeypatch.setitem(hardware.PROFILES, "p9", NEW)
-    # the example AZ that offers a reservation-only type in us-west-2 (components/offline.py)
+    # the example AZ that offers a reservation-only type in us-west-2 (offline/mocks.py)
     config = variant_config("p5", profile="p9", gpuNodes={"availabilityZone": "us-west-2b"})
     recording = run_program(with_examples(config), "p9")
     group = recording.one("aws:eks/nodeGroup:NodeGroup", "gpu-gpu").inputs

@@ -17,14 +17,14 @@ import yaml
 from components import versions
 from components.cluster import SYSTEM_NODE_LABEL
 from components.dashboards import gpu_training
-from components.hardware import PROFILES
 from components.observability import (
     DCGM_COUNTERS_PATH,
     MONITORING_NAMESPACE,
     RULES_FILE,
     dcgm_exported_metrics,
 )
-from components.offline import is_secret_value
+from offline.recording import is_secret_value
+from components.planning.hardware import PROFILES
 from components.settings import SettingsError
 from tests.harness import (
     DUMMY_SECRETS,

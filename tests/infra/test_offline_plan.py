@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import yaml
 
-from components.offline import DUMMY_SECRETS, print_plan, write_manifests
+from offline.plan import print_plan, write_manifests
+from offline.stacks import DUMMY_SECRETS
 from tests.harness import Recording
 
 

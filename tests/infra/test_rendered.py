@@ -30,11 +30,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from components import rendering, versions
+from components import versions
 from components.cluster import SYSTEM_NODE_LABEL
 from components.gpu_nodes import GPU_LABELS
-from components.hardware import PROFILES
-from components.offline import ROOT
+from components.planning.hardware import PROFILES
+from offline import rendering
+from offline.stacks import ROOT
 from tests.conftest import recording_of
 from tests.harness import (
     GPU_TAINT,

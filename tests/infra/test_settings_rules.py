@@ -13,7 +13,8 @@ import dataclasses
 
 import pytest
 
-from components import hardware, settings_parser, settings_rules
+from components import settings_parser, settings_rules
+from components.planning import hardware
 from components.settings import Secrets, SettingsError
 from tests.harness import SECRETS, parse
 from tests.harness import raw_settings as raw
@@ -138,11 +139,14 @@ CASES = [
      SECRETS, "storage.existingClaimName", "lower-case letters"),
     ("several-nodes-without-shared-storage", "p5", {"storage.fsx": False}, SECRETS,
      "storage.fsx", "needs storage every node shares"),
-    # the memory-fit rule (components/memory_fit.py; its estimate is tested in test_memory_fit.py)
+    # the memory-fit rule (components/planning/memory_fit.py; its estimate is tested in test_memory_fit.py)
     ("unknown-model-without-size", "p5", {"job.model": "mistralai/Mistral-7B-v0.1"}, SECRETS,
      "job.modelParameters", "not in the GPU-memory fit check's table"),
     ("model-too-large", "p5", {"job.model": "meta-llama/Llama-2-70b-hf", "job.nodes": 1, "job.sharding": "NO_SHARD"},
      SECRETS, "job", "does not fit in GPU memory"),
+    ("async-copy-beyond-host-memory", "p5", {"job.model": "meta-llama/Llama-2-70b-hf", "job.nodes": 1,
+                                             "job.activationCheckpointing": "full", "job.batchSize": 1},
+     SECRETS, "job.asyncCheckpoint", "to host memory"),
 ]
 
 

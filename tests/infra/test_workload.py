@@ -3,7 +3,7 @@
 Checked against: the Kubeflow Training Operator v1.9.4 PyTorchJob CRD (tests/fixtures/kubeflow,
 copied from upstream), Kubernetes 1.33's OpenAPI schemas through ``kubernetes-validate`` (strict),
 the operator's elastic env generation and webhook rules (docs/design.md "Rendezvous and the Training
-Operator"), the profile table (components/hardware.py) and the training package's CLI contract.
+Operator"), the profile table (components/planning/hardware.py) and the training package's CLI contract.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import yaml
 
 from components import rendezvous, versions
 from components.cluster import SYSTEM_NODE_LABEL
-from components.hardware import PROFILES
-from components.offline import is_secret_value
+from offline.recording import is_secret_value
+from components.planning.hardware import PROFILES
 from components.settings import JobSettings
 from components.settings_parser import snake
 from components.training_job import pytorchjob_manifest

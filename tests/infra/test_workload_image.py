@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from components import registry, versions
-from components.offline import is_secret_value
+from offline.recording import is_secret_value
 from components.registry import (
     content_hash,
     context_files,

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from components.hardware import PROFILES
+from components.planning.hardware import PROFILES
 from components.settings import JobSettings
 from components.training_job import model_slug, pytorchjob_manifest, training_command
 from tests.harness import job_settings

@@ -1,11 +1,11 @@
-"""training/scaling_model.py against hand arithmetic: FSDP's bytes per step, and the limits
+"""components/planning/scaling_model.py against hand arithmetic: FSDP's bytes per step, and the limits
 where the answer is known (one node; unlimited bandwidth; a network far too slow to hide)."""
 
 from __future__ import annotations
 
 import pytest
 
-from training.scaling_model import Cluster, collective_seconds, predict
+from components.planning.scaling_model import Cluster, collective_seconds, predict
 
 P = 6.74e9
 

@@ -2,10 +2,11 @@
 
 Every number here is a fact of the EC2 instance type: the launch template's network interfaces,
 the PyTorchJob's GPU and EFA requests, the memory-fit check, the reservation rule and the
-scaling report's network all read this table. Adding an instance type is one row here and one stack file.
-Sources: EC2 "EFA for accelerated instance types" guide (network cards, EFA interfaces, Gbit/s:
-https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html), the P5 and P4 instance pages
-(GPUs, GPU memory, how p4de is sold: https://aws.amazon.com/ec2/instance-types/p5/,
+scaling report's network all read this table. Adding an instance type is one row here and one
+stack file (README, "Changing things"). Sources: EC2 "EFA for accelerated instance types" guide
+(network cards, EFA interfaces, Gbit/s:
+https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html), the P5 and P4
+instance pages (GPUs, GPU memory, how p4de is sold: https://aws.amazon.com/ec2/instance-types/p5/,
 https://aws.amazon.com/ec2/instance-types/p4/). The GPU's bf16 peak is the training package's
 table (training/hardware.py), which the fine-tune reads too.
 
@@ -13,8 +14,9 @@ p5e and p5en (8 x H200 141 GB each): the EFA page above ("P5 and P5e instances s
 network cards and up to 3200 Gbps"), the EC2 Capacity Blocks pricing page (p5e.48xlarge: 8 x H200,
 192 vCPUs, 2048 GiB, 1128 GB HBM3, 3200 Gigabit, sold as Capacity Blocks) and, for p5en, torchx's
 named resource ``aws_p5en_48xlarge`` (meta-pytorch/torchx#995: 192 vCPUs, 2048 GiB, 16 EFA
-devices) with the P5 page's 3200 Gbps of EFAv3 (16 cards of 200 Gbps). vCPUs and memory of every row: the instance type pages (p4de 96 vCPUs and
-1152 GiB, p5/p5e/p5en 192 vCPUs and 2048 GiB). GPU memory: an H100's 80 GB reads 79.6 GiB in
+devices) with the P5 page's 3200 Gbps of EFAv3 (16 cards of 200 Gbps). vCPUs and memory of
+every row: the instance type pages (p4de 96 vCPUs and 1152 GiB, p5/p5e/p5en 192 vCPUs and
+2048 GiB). GPU memory: an H100's 80 GB reads 79.6 GiB in
 ``nvidia-smi``, an H200's 141 GB 143,771 MiB = 140.4 GiB (docs/performance.md); the rows say 80
 and 140, and the fit check keeps a margin.
 
@@ -100,7 +102,7 @@ the page cache. Requests only: a pod may use the memory above them."""
 POD_CPU_PER_GPU = 8
 POD_MEMORY_GIB_PER_GPU = 96
 """What one training process asks for: a core per DataLoader worker and the process, host memory
-for the process and an async checkpoint's staged copy (``components/memory_fit.py``)."""
+for the process and an async checkpoint's staged copy (``components/planning/memory_fit.py``)."""
 
 
 ON_DEMAND_US_EAST_1 = "on demand (us-east-1, 2025-06-05)"

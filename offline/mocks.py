@@ -1,0 +1,175 @@
+"""Run the whole Pulumi program offline, under mocks that answer like AWS.
+
+``run_program`` runs ``build_stack(load_settings())`` exactly as ``pulumi up`` would and records
+every registration with its inputs (camelCase, as the engine sees them). The tests assert on
+that recording; ``make demo`` prints it as a plan and writes the Kubernetes objects as YAML.
+No AWS account, Pulumi CLI or provider plugin is involved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pulumi
+from pulumi.runtime import config as runtime_config
+from pulumi.runtime import mocks as pulumi_mocks
+
+from components.planning.hardware import PROFILES
+from components.settings import SECRET_KEYS
+from components.settings_parser import load_settings
+from components.stack import build_stack
+from offline.recording import Recording, Registration
+
+FAKE_ACCOUNT = "123456789012"
+
+EXAMPLE_ZONE_IDS: dict[str, dict[str, str]] = {
+    "us-west-2": {"us-west-2a": "usw2-az2", "us-west-2b": "usw2-az1", "us-west-2c": "usw2-az3",
+                  "us-west-2d": "usw2-az4"},
+    "us-east-1": {"us-east-1a": "use1-az6", "us-east-1b": "use1-az1", "us-east-1c": "use1-az2",
+                  "us-east-1d": "use1-az4", "us-east-1e": "use1-az3", "us-east-1f": "use1-az5"},
+    "us-east-2": {"us-east-2a": "use2-az1", "us-east-2b": "use2-az2", "us-east-2c": "use2-az3"},
+}
+"""AZ name -> zone id, as ``aws ec2 describe-availability-zones`` answers one account: an
+EXAMPLE. Each account maps names to physical zones differently (us-east-1e is use1-az3, where EKS
+places no control plane, only in this table)."""
+EXAMPLE_OFFERINGS: dict[tuple[str, bool], tuple[str, ...]] = {
+    ("us-west-2", False): ("us-west-2a", "us-west-2c"),
+    ("us-west-2", True): ("us-west-2b",),
+    ("us-east-1", False): ("us-east-1a", "us-east-1d"),
+    ("us-east-1", True): ("us-east-1a", "us-east-1c"),
+    ("us-east-2", False): ("us-east-2a", "us-east-2b"),
+    ("us-east-2", True): ("us-east-2b", "us-east-2c"),
+}
+"""(region, sold only through reservations) -> AZ names that offer such a GPU instance type
+(``describe-instance-type-offerings --location-type availability-zone``): an EXAMPLE, not what
+any account is offered, keyed by the profile's ``reservation_only`` so that a new row needs no
+entry here."""
+
+
+def example_offerings(region: str, instance_type: str) -> tuple[str, ...]:
+    """The example offerings of a known GPU instance type (none for any other)."""
+    profiles = [p for p in PROFILES.values() if p.instance_type == instance_type]
+    return EXAMPLE_OFFERINGS.get((region, profiles[0].reservation_only), ()) if profiles else ()
+
+
+def fake_kubeconfig(cluster: str) -> str:
+    return json.dumps({"apiVersion": "v1", "kind": "Config", "clusters": [{"name": cluster}]})
+
+
+class AwsLikeMocks(pulumi.runtime.Mocks):
+    """Answers like AWS would: ids, ARNs, and the outputs our components read."""
+
+    def __init__(self, region: str, zone_ids: dict[str, dict[str, str]] | None = None,
+                 offerings: Callable[[str, str], tuple[str, ...]] | None = None):
+        self.region = region
+        self.registrations: list[Registration] = []
+        self.zone_ids = EXAMPLE_ZONE_IDS if zone_ids is None else zone_ids
+        """How the AZ invokes answer: region -> AZ name -> zone id."""
+        self.offerings = example_offerings if offerings is None else offerings
+        """How the offerings invoke answers: (region, instance type) -> AZ names."""
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        inputs = dict(args.inputs)
+        self.registrations.append(Registration(args.typ, args.name, inputs, args.provider))
+        state = dict(inputs)
+        state.setdefault("arn", f"arn:aws:mock:{self.region}:{FAKE_ACCOUNT}:{args.name}")
+        state.setdefault("name", args.name)
+        if args.typ == "eks:index:Cluster":
+            state.update(
+                kubeconfigJson=fake_kubeconfig(inputs.get("name", args.name)),
+                clusterSecurityGroupId="sg-eks-cluster",
+                nodeSecurityGroupId="sg-eks-node",
+            )
+        elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
+            state["latestVersion"] = 1
+        elif args.typ == "aws:eks/nodeGroup:NodeGroup":
+            state.setdefault("nodeGroupName", args.name)
+        elif args.typ == "aws:ecr/repository:Repository":
+            state["registryId"] = FAKE_ACCOUNT
+            state["repositoryUrl"] = f"{FAKE_ACCOUNT}.dkr.ecr.{self.region}.amazonaws.com/{inputs.get('name', args.name)}"
+        elif args.typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
+            state["dnsName"] = f"{args.name}-id.fsx.{self.region}.amazonaws.com"
+            state["mountName"] = "mockmnt1"  # FSx: up to 8 characters
+        elif args.typ == "docker-build:index:Image":
+            state["ref"] = f"{inputs['tags'][0]}@sha256:{'0' * 64}"
+            state["digest"] = f"sha256:{'0' * 64}"
+        return f"{args.name}-id", state
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        if args.token == "aws:eks/getCluster:getCluster":
+            return {
+                "name": args.args["name"],
+                "endpoint": "https://EXAMPLE.gr7.eks.amazonaws.com",
+                "certificateAuthorities": [{"data": "Q0VSVA=="}],
+                "vpcConfig": {"clusterSecurityGroupId": "sg-existing", "vpcId": "vpc-existing"},
+            }
+        if args.token == "aws:ecr/getAuthorizationToken:getAuthorizationToken":
+            return {"userName": "AWS", "password": "ecr-password-secret", "proxyEndpoint": "https://ecr"}
+        if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
+            return {"accountId": FAKE_ACCOUNT, "arn": "arn", "userId": "user"}
+        if args.token == "aws:index/getRegion:getRegion":
+            return {"region": self.region, "name": self.region}
+        if args.token == "aws:index/getAvailabilityZones:getAvailabilityZones":
+            zones = self.zone_ids.get(args.args.get("region") or self.region, {})
+            return {"names": list(zones), "zoneIds": list(zones.values()), "id": self.region}
+        if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+            region = args.args.get("region") or self.region
+            wanted = [v for f in args.args.get("filters", []) if f["name"] == "instance-type" for v in f["values"]]
+            found = [(az, t) for t in wanted for az in self.offerings(region, t)]
+            return {"locations": [az for az, _ in found], "instanceTypes": [t for _, t in found],
+                    "locationTypes": ["availability-zone"] * len(found), "id": region}
+        return {}
+
+
+class NoResourceRefsMonitor(pulumi_mocks.MockMonitor):
+    """Resource references to mocked component outputs cannot be rebuilt: turn them off."""
+
+    def SupportsFeature(self, request):
+        has_support = request.id not in ("outputValues", "resourceReferences")
+        return type("SupportsFeatureResponse", (object,), {"hasSupport": has_support})
+
+    def __init__(self, mocks: pulumi.runtime.Mocks):
+        super().__init__(mocks)
+        self.dependencies: dict[tuple[str, str], list[str]] = {}
+        self.delete_before_replace: set[tuple[str, str]] = set()
+
+    def RegisterResource(self, request):
+        # The engine's view of ordering: what this resource waits for, as resource names.
+        self.dependencies[(request.type, request.name)] = [urn.split("::")[-1] for urn in request.dependencies]
+        if request.deleteBeforeReplace:
+            self.delete_before_replace.add((request.type, request.name))
+        return super().RegisterResource(request)
+
+
+def run_program(config: dict[str, Any], stack: str = "test", mocks: AwsLikeMocks | None = None) -> Recording:
+    """Run ``build_stack(load_settings())`` with ``config`` (keys with namespace, values parsed);
+    ``mocks``: how AWS answers (default: ``AwsLikeMocks`` with the example tables)."""
+    flat = {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
+    secret_keys = [f"fsdp-eks:{k}" for k in SECRET_KEYS]
+    runtime_config.set_all_config(flat, secret_keys)
+    region = config.get("aws:region", "us-west-2")
+    mocks = mocks or AwsLikeMocks(region)
+    monitor = NoResourceRefsMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project="fsdp-eks", stack=stack, preview=False, monitor=monitor)
+    recording = Recording(mocks.registrations)
+
+    async def collect(outputs: dict[str, Any]) -> None:
+        for key, value in outputs.items():
+            out = pulumi.Output.from_input(value)
+            recording.exports[key] = await out.future()
+            if await out.is_secret():
+                recording.secret_exports.add(key)
+
+    @pulumi.runtime.test
+    def program():
+        outputs = build_stack(load_settings())
+        return pulumi.Output.from_input(asyncio.ensure_future(collect(outputs)))
+
+    program()
+    for registration in recording.resources:
+        registration.dependencies = monitor.dependencies.get((registration.type, registration.name), [])
+        registration.delete_before_replace = (registration.type, registration.name) in monitor.delete_before_replace
+    return recording

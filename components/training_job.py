@@ -345,20 +345,24 @@ def hf_secret_metadata(namespace: str) -> dict:
     return {"name": HF_SECRET, "namespace": namespace, "labels": dict(LABELS)}
 
 
-def kubectl_commands(namespace: str, name: str, max_nodes: int) -> dict[str, str]:
-    """Ready-to-paste commands for a run."""
-    return {
-        "job_status_command": f"kubectl -n {namespace} describe pytorchjob {name}",
-        # With elastic rendezvous no pod is the fixed master: ranks are assigned at rendezvous,
-        # so the leader (global rank 0) may be any worker. Follow every worker and keep the
-        # lines of rank 0, the only rank that logs at INFO (step, loss, tokens/s, MFU).
-        "job_logs_command": (
-            f"kubectl -n {namespace} logs -f -l {RUN_LABEL}={name} -c {CONTAINER} --prefix "
-            f"--max-log-requests={max_nodes} | grep --line-buffered -F '[rank 0]'"
-        ),
-        # Deleting it by hand frees the GPUs; a later `pulumi up` (after a refresh) starts the run again.
-        "job_delete_command": f"kubectl -n {namespace} delete pytorchjob {name}",
-    }
+def status_command(namespace: str, name: str) -> str:
+    """kubectl that shows the run's state and events."""
+    return f"kubectl -n {namespace} describe pytorchjob {name}"
+
+
+def logs_command(namespace: str, name: str, max_nodes: int) -> str:
+    """kubectl that follows the run's log. With elastic rendezvous no pod is the fixed master:
+    ranks are assigned at rendezvous, so the leader (global rank 0) may be any worker. Follow
+    every worker and keep the lines of rank 0, the only rank that logs at INFO (step, loss,
+    tokens/s, MFU)."""
+    return (f"kubectl -n {namespace} logs -f -l {RUN_LABEL}={name} -c {CONTAINER} --prefix "
+            f"--max-log-requests={max_nodes} | grep --line-buffered -F '[rank 0]'")
+
+
+def delete_command(namespace: str, name: str) -> str:
+    """kubectl that deletes the run: that frees the GPUs; a later `pulumi up` (after a refresh)
+    starts the run again."""
+    return f"kubectl -n {namespace} delete pytorchjob {name}"
 
 
 # --------------------------------------------------------------------------- the component
@@ -449,8 +453,12 @@ class TrainingJob(pulumi.ComponentResource):
                 ),
             )
         self.job_name = self.manifest.apply(lambda m: m["metadata"]["name"])
-        self.commands = self.job_name.apply(lambda n: kubectl_commands(ns, n, job_node_bounds(args.job)[1]))
-        self.register_outputs({"job_name": self.job_name, "namespace": ns, "commands": self.commands})
+        max_nodes = job_node_bounds(args.job)[1]
+        self.status_command = self.job_name.apply(lambda n: status_command(ns, n))
+        self.logs_command = self.job_name.apply(lambda n: logs_command(ns, n, max_nodes))
+        self.delete_command = self.job_name.apply(lambda n: delete_command(ns, n))
+        self.register_outputs({"job_name": self.job_name, "namespace": ns, "status_command": self.status_command,
+                               "logs_command": self.logs_command, "delete_command": self.delete_command})
 
     def _shared_claim(
         self, name: str, shared: SharedClaim | None, opts: pulumi.ResourceOptions

@@ -14,8 +14,11 @@ import json
 import pytest
 import yaml
 
+from components import stack as program
 from components import versions
+from components.cluster import KubernetesCluster
 from components.planning.hardware import PROFILES
+from components.stack import Export
 from tests.harness import (
     GPU_TAINT,
     HELM,
@@ -24,9 +27,11 @@ from tests.harness import (
     parse_flags,
     plain,
     release,
+    run_program,
     stack_config,
     tolerates,
     variant,
+    variant_config,
 )
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -237,10 +242,10 @@ def test_every_in_cluster_object_uses_the_cluster_provider(recording: Recording)
 
 def test_outputs(recording: Recording, stack: str):
     exports = recording.exports
-    assert exports["cluster_name"] == f"fsdp-eks-{stack}"
-    assert "kubeconfig" in recording.secret_exports
-    assert exports["gpu_node_group"]
-    command = exports["gpu_nodes_command"]
+    assert exports[Export.CLUSTER_NAME] == f"fsdp-eks-{stack}"
+    assert Export.KUBECONFIG in recording.secret_exports
+    assert exports[Export.GPU_NODE_GROUP]
+    command = exports[Export.GPU_NODES_COMMAND]
     assert profile_of(stack).instance_type in command
     assert "nvidia\\.com/gpu" in command and "vpc\\.amazonaws\\.com/efa" in command
 
@@ -292,7 +297,21 @@ def test_existing_cluster_deploys_only_in_cluster_layers():
     for r in rec.resources:
         if r.type.startswith("kubernetes:"):
             assert "pulumi:providers:kubernetes::cluster-k8s" in r.provider
-    assert rec.exports["cluster_name"] == "research" and "kubeconfig" in rec.secret_exports
+    assert rec.exports[Export.CLUSTER_NAME] == "research" and Export.KUBECONFIG in rec.secret_exports
+
+
+def test_a_new_and_an_existing_cluster_are_one_protocol(monkeypatch):
+    """The in-cluster layers get a ``KubernetesCluster`` either way: the cluster the stack
+    creates and the one it attaches to both carry every attribute of the protocol."""
+    given = []
+    deploy = program._training
+    monkeypatch.setattr(program, "_training", lambda settings, cluster, **kw: (given.append(cluster),
+                                                                               deploy(settings, cluster, **kw))[1])
+    run_program(variant_config("p5"), "p5-new")
+    run_program(variant_config("p5", cluster={"existingClusterName": "research"},
+                               storage={"fsx": False, "existingClaimName": "checkpoints"}), "p5-existing")
+    assert [type(c).__name__ for c in given] == ["EksCluster", "ExistingCluster"]
+    assert all(isinstance(c, KubernetesCluster) for c in given)
 
 
 def test_existing_cluster_kubeconfig_authenticates_with_aws_eks_get_token():
@@ -303,9 +322,9 @@ def test_existing_cluster_kubeconfig_authenticates_with_aws_eks_get_token():
     cluster in the stack's region (no token is stored in the state)."""
     rec = variant("p5", cluster={"existingClusterName": "research"},
                   storage={"fsx": False, "existingClaimName": "checkpoints"})
-    exported = rec.exports["kubeconfig"]
+    exported = rec.exports[Export.KUBECONFIG]
     config = json.loads(exported)
-    assert "kubeconfig" in rec.secret_exports
+    assert Export.KUBECONFIG in rec.secret_exports
     assert config["apiVersion"] == "v1" and config["kind"] == "Config"
     (context,) = config["contexts"]
     assert config["current-context"] == context["name"]

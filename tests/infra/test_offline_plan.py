@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import yaml
 
+from components.stack import Export
 from offline.plan import print_plan, write_manifests
 from offline.stacks import DUMMY_SECRETS
 from tests.harness import Recording
@@ -23,5 +24,5 @@ def test_written_yaml_holds_every_kubernetes_object_and_no_secret(recording: Rec
     kinds = {yaml.safe_load(t)["kind"] for n, t in texts.items() if not n.startswith("helm-")}
     assert {"PyTorchJob", "Secret", "Deployment", "Service", "Namespace"} <= kinds
     job = next(yaml.safe_load(t) for t in texts.values() if "kind: PyTorchJob" in t)
-    assert job["metadata"]["name"] == recording.exports["job_name"]
+    assert job["metadata"]["name"] == recording.exports[Export.JOB_NAME]
     assert len(printed.splitlines()) > len(recording.resources), "one line per resource at least"

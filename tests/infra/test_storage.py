@@ -15,6 +15,7 @@ import pytest
 
 from components import versions
 from components.cluster import SYSTEM_NODE_LABEL
+from components.stack import Export
 from components.training_job import APP_UID
 from tests.harness import (
     GPU_TAINT,
@@ -165,7 +166,7 @@ def test_nodes_accept_lustre_from_the_file_servers(recording: Recording):
 
 
 def test_the_stack_exports_the_file_system_id(recording: Recording):
-    assert recording.exports["fsx_file_system_id"] == f"{file_system(recording).name}-id"
+    assert recording.exports[Export.FSX_FILE_SYSTEM_ID] == f"{file_system(recording).name}-id"
 
 
 # --------------------------------------------------------------------------- both stacks: the CSI driver
@@ -309,7 +310,7 @@ def test_single_node_without_storage_keeps_checkpoints_on_nvme(single_node_recor
         assert rec.of_type(type_) == [], f"{type_} created without shared storage"
     assert shared_claims(rec) == [], "a shared claim created without shared storage"
     assert [r for r in rec.of_type(HELM) if r.inputs["chart"] == versions.FSX_CSI_DRIVER.chart] == []
-    assert "fsx_file_system_id" not in rec.exports
+    assert Export.FSX_FILE_SYSTEM_ID not in rec.exports
     job = job_of(rec)
     pod = worker(job)["template"]["spec"]
     assert not [v for v in pod["volumes"] if "persistentVolumeClaim" in v]

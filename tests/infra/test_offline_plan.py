@@ -9,7 +9,7 @@ import yaml
 from components.stack import Export
 from offline.plan import print_plan, write_manifests
 from offline.stacks import DUMMY_SECRETS
-from tests.harness import Recording
+from tests.harness import Recording, stack_config
 
 
 def test_written_yaml_holds_every_kubernetes_object_and_no_secret(recording: Recording, stack: str, tmp_path, capsys):
@@ -26,3 +26,18 @@ def test_written_yaml_holds_every_kubernetes_object_and_no_secret(recording: Rec
     job = next(yaml.safe_load(t) for t in texts.values() if "kind: PyTorchJob" in t)
     assert job["metadata"]["name"] == recording.exports[Export.JOB_NAME]
     assert len(printed.splitlines()) > len(recording.resources), "one line per resource at least"
+
+
+def test_the_plan_writes_numbers_as_the_stack_file_does(recording: Recording, stack: str, tmp_path, capsys):
+    """Checked against the stack file: the engine passes every number as a float, and the plan
+    prints and writes them as the user wrote them (``storageCapacity=1200``, ``replicas: 2``),
+    never ``1200.0``."""
+    config = stack_config(stack)
+    storage, nodes = config["fsdp-eks:storage"], config["fsdp-eks:job"]["nodes"]
+    print_plan(recording, stack)
+    printed = capsys.readouterr().out
+    if storage.get("fsx"):
+        assert f"perUnitStorageThroughput={storage['fsxThroughputPerTiB']}, " in printed
+        assert f"storageCapacity={storage['fsxStorageCapacityGiB']}, " in printed
+    (job,) = [p for p in write_manifests(recording, tmp_path) if p.name.startswith("pytorchjob-")]
+    assert f"\n      replicas: {nodes}\n" in job.read_text()

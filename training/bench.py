@@ -339,7 +339,8 @@ def _speed_record(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, flops_
 
 
 def _checkpoint_cost(step, model, optimizer, where: Path, device: torch.device) -> dict:
-    """What one checkpoint costs the training steps (issue 16), with the DCP calls of
+    """What one checkpoint costs the training steps (docs/performance.md, the checkpoint
+    cost), with the DCP calls of
     training/checkpoint.py (model and optimizer state dicts of `get_*_state_dict`).
 
     sync: the step that saves with `dcp.save` minus a plain step (the median of 5). async: the

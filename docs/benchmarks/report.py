@@ -22,7 +22,7 @@ from records import load  # noqa: E402
 
 RUNS = ROOT / "docs" / "benchmarks" / "h200"
 PEAK_H100 = PROFILES["p5"].gpu_peak_bf16_flops
-ANCHORS = [  # the issue's table: 2 x H200, Llama-2-7B, seq 4096, batch 3/GPU
+ANCHORS = [  # the anchors of docs/performance.md: 2 x H200, Llama-2-7B, seq 4096, batch 3/GPU
     ("plain HF + FSDP2, full AC", 7896), ("llama-cookbook, full AC", 8234),
     ("torchtitan, full AC, compile", 9855), ("torchtitan, selective AC, compile", 10776),
     ("torchtitan, no AC, compile", 12028), ("plain HF + FSDP2 + compile/layer, no AC", 12307)]
@@ -56,7 +56,7 @@ def params_of(shape: dict) -> tuple[float, float]:
 
 
 def config_chart() -> None:
-    labels = [f"{a} (issue)" for a, _ in ANCHORS] + [label for _, label in OURS]
+    labels = [f"{a} (anchor)" for a, _ in ANCHORS] + [label for _, label in OURS]
     values = [v for _, v in ANCHORS] + [best(t)["perf/tokens_per_s_per_gpu"] for t, _ in OURS]
     colors = ["#bbbbbb"] * len(ANCHORS) + ["#1f77b4"] * (len(OURS) - 2) + ["#ff7f0e"] * 2
     fig, ax = plt.subplots(figsize=(10, 6.5))
@@ -72,7 +72,7 @@ def config_chart() -> None:
     ax.axvline(15500, color="#ff7f0e", ls=":", lw=1)
     ax.set_xlabel("tokens/s/GPU (MFU = x 46.09 GFLOP / 989.5 TFLOP/s)")
     ax.set_title("Llama-2-7B shape, seq 4096, 2 x H200, FSDP2, fp32 master weights/reductions/"
-                 "AdamW\nbatch 3/GPU unless noted; grey: the issue's anchors; orange: float8",
+                 "AdamW\nbatch 3/GPU unless noted; grey: the anchors; orange: float8",
                  fontsize=9)
     ax.set_xlim(0, 19500)
     fig.tight_layout()

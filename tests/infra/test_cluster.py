@@ -80,7 +80,7 @@ def test_efa_security_group_allows_all_traffic_to_and_from_itself(recording: Rec
 def test_no_pod_can_reach_a_nodes_instance_metadata(recording: Recording):
     """Checked against EC2's IMDS hop semantics: with IMDSv2 required and a PUT response hop limit
     of 1, the token never reaches a pod's network namespace, so no pod takes a node role's
-    credentials (issue 15: before, hop limit 2 on the GPU nodes). Every node group of the stack
+    credentials (a hop limit of 2, the AMI's default, would let them). Every node group of the stack
     launches from a template of ours that says so."""
     templates = {f"{r.name}-id": r for r in recording.of_type(LT)}
     for group in recording.of_type(NODE_GROUP):

@@ -1,7 +1,7 @@
 """The GPU-memory fit check: a job that cannot fit is refused at preview, saying what would.
 
-Checked against: the issue's cases (Llama 2 7B on 2 x p5 FULL_SHARD fits; 70B on one p4de is
-refused; 70B on 4 x p5 FULL_SHARD is accepted), the published parameter counts of the Llama
+Checked against: the cases a user meets first (Llama 2 7B on 2 x p5 FULL_SHARD fits; 70B on one
+p4de is refused; 70B on 4 x p5 FULL_SHARD is accepted), the published parameter counts of the Llama
 models (6.74B / 13.0B / 69.0B), and the 16 bytes per parameter of fp32 weights, gradients and
 AdamW states.
 """
@@ -23,7 +23,7 @@ from tests.harness import job_settings, parse, raw_settings, settings_error
 from training.shapes import HUB_IDS, SHAPES, ModelShape
 
 CONSERVATIVE = {"activationCheckpointing": "full", "batchSize": 1}
-"""The issue's 70B cases are about model state: fixed here, whatever the stack files' defaults."""
+"""The 70B cases are about model state: fixed here, whatever the stack files' defaults."""
 
 
 def raw(stack: str, nodes: int | None = None, **job) -> dict:
@@ -41,13 +41,13 @@ def refusal(config: dict) -> str:
 
 
 def test_llama2_7b_fits_on_two_p5_full_shard():
-    """Issue case: the stack's own job (7B, 2 x p5, FULL_SHARD) is accepted."""
+    """The stack's own job (7B, 2 x p5, FULL_SHARD) is accepted."""
     settings = parse(raw("p5", nodes=2, model="meta-llama/Llama-2-7b-hf", sharding="FULL_SHARD"))
     assert settings.job.nodes == 2
 
 
 def test_llama2_70b_on_one_p4de_is_refused_with_the_estimate_and_what_would_fit():
-    """Issue case: 70B needs 16 B x 69.0e9 / 8 GPUs = 128.5 GiB of states alone on one p4de."""
+    """70B needs 16 B x 69.0e9 / 8 GPUs = 128.5 GiB of states alone on one p4de."""
     message = refusal(raw("p4de", nodes=1, model="meta-llama/Llama-2-70b-hf", **CONSERVATIVE))
     assert "fsdp-eks:job = 'meta-llama/Llama-2-70b-hf on 1 x p4de.24xlarge" in message
     assert "does not fit in GPU memory" in message
@@ -61,7 +61,7 @@ def test_llama2_70b_on_one_p4de_is_refused_with_the_estimate_and_what_would_fit(
 
 
 def test_llama2_70b_on_four_p5_full_shard_is_accepted():
-    """Issue case: 16 B x 69.0e9 / 32 GPUs = 32.1 GiB of states, well under 72 GiB."""
+    """70B on 4 x p5: 16 B x 69.0e9 / 32 GPUs = 32.1 GiB of states, well under 72 GiB."""
     settings = parse(raw("p5", nodes=4, model="meta-llama/Llama-2-70b-hf", sharding="FULL_SHARD", **CONSERVATIVE))
     assert settings.job.nodes == 4
 

@@ -188,7 +188,7 @@ def test_csi_driver_is_pinned_and_lands_on_the_gpu_nodes(recording: Recording):
 def test_csi_driver_gets_no_aws_credentials_for_a_static_volume(recording: Recording, stack: str):
     """Checked against the FSx CSI driver's code paths: a static volume makes it call no FSx API
     (no CreateVolume / DeleteVolume without a StorageClass), so neither of its service accounts
-    gets a Pod Identity role (issue 15: before, ``AmazonFSxFullAccess`` on the controller). Its
+    gets a Pod Identity role (``AmazonFSxFullAccess`` on the controller would be unused power). Its
     region comes from the chart's values: with IMDS closed to pods, its Kubernetes-API metadata
     fallback carries none (aws-fsx-csi-driver pkg/cloud/metadata_k8s.go)."""
     driver = release(recording, versions.FSX_CSI_DRIVER)

@@ -41,6 +41,7 @@ from training.dataset import (
 from training.dist import DistEnv, all_sum, check_locked_memory, init_distributed
 from training.errors import OOM_ADVICE, UserError
 from training.export import export_hf
+from training.library_noise import quiet_library_noise
 from training.loss import install_loss_forward
 from training.metrics import (
     JsonLines,
@@ -91,6 +92,7 @@ def setup_logging(env: DistEnv) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO if env.is_main else logging.WARNING)
+    quiet_library_noise()
     for noisy in ("httpx", "huggingface_hub", "filelock", "torch.distributed.checkpoint"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     import transformers

@@ -99,7 +99,7 @@ def rendering_classes() -> dict[str, list[str]]:
 CLASSES = rendering_classes()
 
 
-@pytest.fixture(scope="module", params=sorted(CLASSES))
+@pytest.fixture(scope="session", params=sorted(CLASSES))
 def stack(request) -> str:
     """The first stack of each rendering class: the stacks the checks of this module render."""
     return request.param

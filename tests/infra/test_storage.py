@@ -1,4 +1,4 @@
-"""Shared storage for checkpoints, both stacks and the variants, under mocks.
+"""Shared storage for checkpoints, every stack file and the variants, under mocks.
 
 Checked against: the FSx for Lustre user guide (LNET ports 988 and 1018-1023 from the file system's
 own security group and its clients'; mount options ``relatime,flock``), the FSx API
@@ -111,7 +111,7 @@ def problems(config: dict) -> dict[str, str]:
     return {p.key: str(p) for p in settings_error(config).problems}
 
 
-# --------------------------------------------------------------------------- both stacks: AWS
+# --------------------------------------------------------------------------- every stack: AWS
 
 
 def test_stacks_run_multi_node_jobs_on_fsx(stack: str):
@@ -169,7 +169,7 @@ def test_the_stack_exports_the_file_system_id(recording: Recording):
     assert recording.exports[Export.FSX_FILE_SYSTEM_ID] == f"{file_system(recording).name}-id"
 
 
-# --------------------------------------------------------------------------- both stacks: the CSI driver
+# --------------------------------------------------------------------------- every stack: the CSI driver
 
 
 def test_csi_driver_is_pinned_and_lands_on_the_gpu_nodes(recording: Recording):
@@ -200,7 +200,7 @@ def test_csi_driver_gets_no_aws_credentials_for_a_static_volume(recording: Recor
     assert values["controller"]["region"] == values["node"]["region"] == region
 
 
-# --------------------------------------------------------------------------- both stacks: volume and claim
+# --------------------------------------------------------------------------- every stack: volume and claim
 
 
 @pytest.mark.parametrize("type_", [PV, PVC])
@@ -244,7 +244,7 @@ def test_claim_comes_after_its_namespace_and_volume_and_before_the_job(recording
     assert pvc.name in job.dependencies, "the job's pods would wait for a claim that does not exist yet"
 
 
-# --------------------------------------------------------------------------- both stacks: the job
+# --------------------------------------------------------------------------- every stack: the job
 
 
 def test_every_worker_mounts_the_claim_and_checkpoints_into_the_runs_directory(recording: Recording):

@@ -1,4 +1,4 @@
-"""The training workload on both stacks, run whole under mocks: PyTorchJob, etcd, operator, Secret.
+"""The training workload on every stack file, run whole under mocks: PyTorchJob, etcd, operator, Secret.
 
 Checked against: the Kubeflow Training Operator v1.9.4 PyTorchJob CRD (tests/fixtures/kubeflow,
 copied from upstream), Kubernetes 1.33's OpenAPI schemas through ``kubernetes-validate`` (strict),

@@ -17,7 +17,7 @@ from components.device_plugins import DevicePlugins, DevicePluginsArgs
 from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
 from components.network import Network, NetworkArgs
 from components.observability import EksAddonTarget, Observability, ObservabilityArgs
-from components.planning.forecast import describe, forecast
+from components.planning.forecast import forecast, forecast_line
 from components.planning.memory_fit import model_shape
 from components.preflight import preflight
 from components.registry import TrainingImage, TrainingImageArgs
@@ -65,7 +65,7 @@ def preview_line(settings: Settings) -> str | None:
     if shape is None:
         return None
     f = forecast(shape, t, profile, job.nodes, gpus_per_node(job, profile))
-    return describe(f, profile, job.nodes)
+    return forecast_line(f, profile, job.nodes)
 
 
 def build_stack(settings: Settings) -> dict[Export, object]:

@@ -66,7 +66,7 @@ def forecast(shape: ModelShape, job: training_config.JobConfig, profile: Hardwar
                     gpus=nodes * gpus_per_node, usd_per_hour=nodes * profile.usd_per_hour)
 
 
-def describe(f: Forecast, profile: HardwareProfile, nodes: int) -> str:
+def forecast_line(f: Forecast, profile: HardwareProfile, nodes: int) -> str:
     """The preview line."""
     return (f"job forecast: about {f.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, {f.tokens_per_s:,.0f} for "
             f"the job ({f.gpus} GPUs, {f.scaling_efficiency:.0%} of one node's per-GPU rate); GPU nodes "

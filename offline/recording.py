@@ -53,11 +53,13 @@ def is_secret_value(value: Any) -> bool:
 
 
 def masked(value: Any) -> Any:
-    """``value`` with every secret replaced by a mask: what may be printed or written."""
+    """``value`` with every secret replaced by a mask and every mapping's keys in order: what may
+    be printed or written (the engine hands a resource's inputs over in no stable key order, so
+    two runs of the same stack would print and write the same objects differently)."""
     if is_secret_value(value):
         return MASK
     if isinstance(value, dict):
-        return {k: masked(v) for k, v in value.items()}
+        return {k: masked(value[k]) for k in sorted(value)}
     if isinstance(value, list):
         return [masked(v) for v in value]
     if isinstance(value, float) and value.is_integer():

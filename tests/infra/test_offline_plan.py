@@ -4,11 +4,14 @@ Checked against the recorded registrations and the dummy secrets the harness set
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import yaml
 
 from components.stack import Export
 from offline.plan import print_plan, write_manifests
-from offline.stacks import DUMMY_SECRETS
+from offline.stacks import DUMMY_SECRETS, ROOT
 from tests.harness import Recording, stack_config
 
 
@@ -41,3 +44,17 @@ def test_the_plan_writes_numbers_as_the_stack_file_does(recording: Recording, st
         assert f"storageCapacity={storage['fsxStorageCapacityGiB']}, " in printed
     (job,) = [p for p in write_manifests(recording, tmp_path) if p.name.startswith("pytorchjob-")]
     assert f"\n      replicas: {nodes}\n" in job.read_text()
+
+
+def test_two_runs_print_and_write_the_same_plan(tmp_path):
+    """`make demo` twice gives the same text and the same files, byte for byte, so a user can
+    diff two plans (the engine hands a resource's inputs over in no stable key order, which
+    differs from one process to the next)."""
+    runs = []
+    for i in range(2):
+        out = tmp_path / str(i)
+        done = subprocess.run([sys.executable, "-m", "offline", "--stack", "p5", "--out", str(out)], cwd=ROOT,
+                              capture_output=True, text=True, check=True)
+        files = {str(p.relative_to(out)): p.read_text() for p in sorted(out.rglob("*.yaml"))}
+        runs.append((done.stdout.replace(str(out), "OUT"), files))
+    assert runs[0][1] and runs[0] == runs[1]

@@ -64,6 +64,7 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from components import checkov, versions
+from components.cluster import ADDON_CONFLICT_RESOLUTION
 from components.dashboards import gpu_training
 from components.gpu_nodes import gpu_node_placement
 from components.helm import helm_release
@@ -118,6 +119,9 @@ TRAINING_METRICS: dict[str, str] = {
     "fsdp_train_last_step_timestamp_seconds": "gauge",
     "fsdp_train_eval_loss": "gauge",
     "fsdp_train_eval_perplexity": "gauge",
+    "fsdp_node_check_busbw_gigabytes_per_second": "gauge",
+    "fsdp_node_check_storage_megabytes_per_second": "gauge",
+    "fsdp_node_check_seconds": "gauge",
 }
 """What the training package exports (names fixed with the training package's author)."""
 
@@ -128,6 +132,19 @@ CLOUDWATCH_SERVICE_ACCOUNT = ("amazon-cloudwatch", "cloudwatch-agent")
 CLOUDWATCH_IMDS_FALLBACK = ["ec2:DescribeInstances"]
 """What the CloudWatch agent calls when IMDS is closed to pods (components/node_metadata.py):
 amazon-cloudwatch-agent#1139 / #1149; ``CloudWatchAgentServerPolicy`` does not grant it."""
+
+CONTAINER_INSIGHTS_LOG_GROUPS = ("application", "dataplane", "host", "performance")
+"""The log groups the CloudWatch observability add-on writes, ``/aws/containerinsights/<cluster>/<kind>``
+(CloudWatch user guide: Fluent Bit's application, dataplane and host logs, "Set up Fluent Bit as a
+DaemonSet to send logs to CloudWatch Logs"; the agent's performance log events, "Container Insights
+performance log reference"). The agent and Fluent Bit create missing ones without expiry, unknown to
+the stack: ours exist first, with the stack's retention, and ``pulumi destroy`` deletes them."""
+
+
+def log_group(cluster_name: str, kind: str) -> str:
+    """The name of Container Insights' ``kind`` log group of ``cluster_name``."""
+    return f"/aws/containerinsights/{cluster_name}/{kind}"
+
 
 ALERT_RECEIVER = "fsdp-eks"
 """The Alertmanager receiver of every alert in ``observability_rules.yaml``."""
@@ -294,10 +311,14 @@ def kube_prometheus_stack_values(
 
 
 def dcgm_exporter_values(*, release_label: pulumi.Input[str], gpu_instance_type: str) -> dict[str, Any]:
-    """Helm values of dcgm-exporter: GPU nodes only (by instance type), our metrics list, a ServiceMonitor."""
+    """Helm values of dcgm-exporter: GPU nodes only (by instance type), our metrics list, a
+    ServiceMonitor, and no host engine of its own: it reads the node's one host engine, the node
+    monitoring agent's (``versions.NODE_MONITORING_AGENT_DCGM_HOST_ENGINE``), over the host
+    network (the chart's ``-r <host>:<port>`` argument and ``hostNetwork``)."""
     return {
         "fullnameOverride": DCGM_FULLNAME,
-        "arguments": ["-f", DCGM_COUNTERS_PATH],
+        "arguments": ["-f", DCGM_COUNTERS_PATH, "-r", versions.NODE_MONITORING_AGENT_DCGM_HOST_ENGINE],
+        "hostNetwork": True,
         "customMetrics": dcgm_metrics_csv(),
         **gpu_node_placement(gpu_instance_type),
         "serviceMonitor": {"enabled": True, "additionalLabels": {"release": release_label}},
@@ -383,6 +404,8 @@ class EksAddonTarget:
     cluster_name: pulumi.Input[str]
     kubernetes_version: str
     """Picks the add-on versions in ``versions.EKS_ADDONS``."""
+    log_retention_days: int
+    """Retention of the log groups the CloudWatch add-on writes to (``cluster.logRetentionDays``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -521,6 +544,7 @@ class Observability(pulumi.ComponentResource):
             cluster_name=args.eks.cluster_name,
             addon_name=addon_name,
             addon_version=versions.EKS_ADDONS[args.eks.kubernetes_version][addon_name],
+            resolve_conflicts_on_create=ADDON_CONFLICT_RESOLUTION,
             configuration_values=configuration_values,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[*first, *args.ready, *after]),
         )
@@ -613,12 +637,25 @@ class Observability(pulumi.ComponentResource):
         return credentials
 
     def _cloudwatch(self, name: str, args: ObservabilityArgs) -> aws.eks.Addon:
-        """Container Insights, its own DCGM exporter off (``cloudwatch_configuration``)."""
+        """Container Insights, its own DCGM exporter off (``cloudwatch_configuration``), writing
+        into log groups of ours (``container_insights_log_groups``)."""
+        assert args.eks is not None
+        eks = args.eks
+        self.container_insights_logs = [
+            aws.cloudwatch.LogGroup(
+                f"{name}-container-insights-{kind}",
+                name=pulumi.Output.from_input(eks.cluster_name).apply(lambda cluster, k=kind: log_group(cluster, k)),
+                retention_in_days=eks.log_retention_days,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for kind in CONTAINER_INSIGHTS_LOG_GROUPS
+        ]
         return self._addon(
             f"{name}-cloudwatch", args, "amazon-cloudwatch-observability", CLOUDWATCH_SERVICE_ACCOUNT,
             CLOUDWATCH_POLICY,
             # After kube-prometheus-stack: its monitoring CRDs are then already in place.
             self.stack_release,
+            *self.container_insights_logs,
             configuration_values=json.dumps(cloudwatch_configuration()),
             extra_actions=CLOUDWATCH_IMDS_FALLBACK,
         )

@@ -19,6 +19,7 @@ from pulumi.runtime import mocks as pulumi_mocks
 
 from components.planning.hardware import PROFILES
 from components.settings import SECRET_KEYS
+from components.versions import EKS_ADDONS
 from components.settings_parser import load_settings
 from components.stack import build_stack
 from offline.recording import Recording, Registration
@@ -49,6 +50,19 @@ any account is offered, keyed by the profile's ``reservation_only`` so that a ne
 entry here."""
 
 
+EXAMPLE_P_INSTANCE_QUOTAS: dict[str, float] = {"us-west-2": 384.0, "us-east-1": 384.0, "us-east-2": 384.0}
+"""Region -> "Running On-Demand P instances" quota (vCPUs; ``get-service-quota --quota-code
+L-417A185B``): an EXAMPLE of an account raised to two p5.48xlarge. New accounts often have 0."""
+EXAMPLE_CALLER_ROLE = f"arn:aws:iam::{FAKE_ACCOUNT}:role/fsdp-eks-deployer"
+"""The IAM role the offline run deploys as (its session: ``assumed-role/fsdp-eks-deployer/...``)."""
+
+
+def example_addon_versions() -> dict[tuple[str, str], str]:
+    """(add-on, Kubernetes version) -> the newest build EKS offers: an EXAMPLE account where every
+    pin of components/versions.py is the newest build (what ``get_addon_version`` answers offline)."""
+    return {(addon, k8s): pin for k8s, pins in EKS_ADDONS.items() for addon, pin in pins.items()}
+
+
 def example_offerings(region: str, instance_type: str) -> tuple[str, ...]:
     """The example offerings of a known GPU instance type (none for any other)."""
     profiles = [p for p in PROFILES.values() if p.instance_type == instance_type]
@@ -63,13 +77,24 @@ class AwsLikeMocks(pulumi.runtime.Mocks):
     """Answers like AWS would: ids, ARNs, and the outputs our components read."""
 
     def __init__(self, region: str, zone_ids: dict[str, dict[str, str]] | None = None,
-                 offerings: Callable[[str, str], tuple[str, ...]] | None = None):
+                 offerings: Callable[[str, str], tuple[str, ...]] | None = None,
+                 p_instance_quotas: dict[str, float] | None = None,
+                 addon_versions: dict[tuple[str, str], str] | None = None,
+                 caller_role: str = EXAMPLE_CALLER_ROLE, clusters: tuple[str, ...] = ()):
         self.region = region
         self.registrations: list[Registration] = []
         self.zone_ids = EXAMPLE_ZONE_IDS if zone_ids is None else zone_ids
         """How the AZ invokes answer: region -> AZ name -> zone id."""
         self.offerings = example_offerings if offerings is None else offerings
         """How the offerings invoke answers: (region, instance type) -> AZ names."""
+        self.p_instance_quotas = EXAMPLE_P_INSTANCE_QUOTAS if p_instance_quotas is None else p_instance_quotas
+        """How the quota invoke answers: region -> P-instance vCPUs."""
+        self.addon_versions = example_addon_versions() if addon_versions is None else addon_versions
+        """How the add-on version invoke answers: (add-on, Kubernetes version) -> newest build."""
+        self.caller_role = caller_role
+        """The role behind the caller's session (``get_session_context``'s issuer)."""
+        self.clusters = clusters
+        """EKS clusters that exist in the region (none: every run creates its cluster)."""
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         inputs = dict(args.inputs)
@@ -109,7 +134,21 @@ class AwsLikeMocks(pulumi.runtime.Mocks):
         if args.token == "aws:ecr/getAuthorizationToken:getAuthorizationToken":
             return {"userName": "AWS", "password": "ecr-password-secret", "proxyEndpoint": "https://ecr"}
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-            return {"accountId": FAKE_ACCOUNT, "arn": "arn", "userId": "user"}
+            role = self.caller_role.rsplit("/", 1)[-1]
+            return {"accountId": FAKE_ACCOUNT, "arn": f"arn:aws:sts::{FAKE_ACCOUNT}:assumed-role/{role}/session",
+                    "userId": "AROAEXAMPLE:session"}
+        if args.token == "aws:iam/getSessionContext:getSessionContext":
+            return {"arn": args.args["arn"], "issuerArn": self.caller_role,
+                    "issuerName": self.caller_role.rsplit("/", 1)[-1], "sessionName": "session"}
+        if args.token == "aws:eks/getClusters:getClusters":
+            return {"names": list(self.clusters), "id": self.region}
+        if args.token == "aws:servicequotas/getServiceQuota:getServiceQuota":
+            region = args.args.get("region") or self.region
+            return {"value": self.p_instance_quotas.get(region, 0.0), "quotaCode": args.args["quotaCode"],
+                    "serviceCode": args.args["serviceCode"], "id": region}
+        if args.token == "aws:eks/getAddonVersion:getAddonVersion":
+            key = (args.args["addonName"], args.args["kubernetesVersion"])
+            return {**args.args, "version": self.addon_versions[key], "id": args.args["addonName"]}
         if args.token == "aws:index/getRegion:getRegion":
             return {"region": self.region, "name": self.region}
         if args.token == "aws:index/getAvailabilityZones:getAvailabilityZones":

@@ -10,6 +10,9 @@ from tests.harness import require_tool
 OTHER_SOURCES = {
     "up": "Prometheus itself: one series per scrape target",
     "kube_node_status_allocatable": "kube-state-metrics, installed by kube-prometheus-stack",
+    "kube_node_status_condition": "kube-state-metrics: every node condition, the node monitoring agent's too",
+    "kube_pod_container_resource_requests": "kube-state-metrics",
+    "kube_pod_status_phase": "kube-state-metrics",
 }
 """Series the rules use that neither dcgm-exporter nor the training package exports."""
 

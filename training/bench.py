@@ -47,7 +47,8 @@ from training import hub, shapes, tiny  # noqa: E402
 from training.config import JobConfig, flag, parse_args  # noqa: E402
 from training.dist import DistEnv, init_distributed  # noqa: E402
 from training.finetune import (build_model, build_scheduler, describe,  # noqa: E402
-                               parallelize_model, set_runtime_defaults, setup_logging, train_step)
+                               parallelize_model, set_runtime_defaults, train_step)
+from training.logs import setup_logging  # noqa: E402
 from training.metrics import peak_flops, perf_metrics  # noqa: E402
 from training.optim import build_optimizer  # noqa: E402
 from training.parallel import check_precision, strategy  # noqa: E402

@@ -41,7 +41,7 @@ from training.dataset import (
 from training.dist import DistEnv, all_sum, check_locked_memory, init_distributed
 from training.errors import OOM_ADVICE, UserError
 from training.export import export_hf
-from training.library_noise import quiet_library_noise
+from training.logs import setup_logging
 from training.loss import install_loss_forward
 from training.metrics import (
     JsonLines,
@@ -55,6 +55,7 @@ from training.metrics import (
     summarize,
 )
 from training.model import allocate, build_meta_model, load_weights, set_sdpa_backend
+from training.node_check import check_job, node_name
 from training.optim import build_optimizer, clip_and_step
 from training.parallel import (
     DTYPES,
@@ -77,29 +78,6 @@ that was stopped; no final checkpoint or export."""
 
 
 # ----------------------------------------------------------------------------- setup steps
-def setup_logging(env: DistEnv) -> None:
-    """One rank-0 logger: INFO lines from rank 0, warnings from every rank, each line tagged
-    with its rank and written above the progress bar."""
-    from tqdm import tqdm
-
-    class TqdmHandler(logging.StreamHandler):
-        def emit(self, rec: logging.LogRecord) -> None:
-            tqdm.write(self.format(rec), file=sys.stderr)
-
-    handler = TqdmHandler()
-    handler.setFormatter(logging.Formatter(
-        f"%(asctime)s [rank {env.rank}] %(levelname)s %(message)s", "%H:%M:%S"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO if env.is_main else logging.WARNING)
-    quiet_library_noise()
-    for noisy in ("httpx", "huggingface_hub", "filelock", "torch.distributed.checkpoint"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()  # our own log lines say what loads
-
-
 def _file_in_the_way(paths: Sequence[Path]) -> Path | None:
     """The first of ``paths`` that exists and is not a directory (so nothing can be created
     inside it), or None."""
@@ -473,6 +451,7 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
     from transformers import AutoTokenizer
 
     _check_paths(cfg)
+    node_check = check_job(cfg, env)  # the nodes and the fabric, before any download
     check_precision(cfg.model.precision, env.device)
     records = _build_records(cfg, env)
     model_dir = hub.fetch_model(cfg.model.model, cfg.model.cache_dir, cfg.train.seed, env)
@@ -491,6 +470,7 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
     log.info("plan: steps %d..%d, %s", state.step + 1, run_.total, json.dumps(description))
     with ExitStack() as stack:
         out = _Outputs(cfg, env, stack, state.step, run_.total)
+        out.prom.observe_node_check(node_check, node_name())
         history = _train(cfg, run_, out, description["run/flops_per_token"], env)
         if history is None:  # stopped by the test hook
             return {}

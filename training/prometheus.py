@@ -27,6 +27,9 @@ LAST_CHECKPOINT_TIMESTAMP = "fsdp_train_last_checkpoint_timestamp_seconds"
 LAST_STEP_TIMESTAMP = "fsdp_train_last_step_timestamp_seconds"
 EVAL_LOSS = "fsdp_train_eval_loss"
 EVAL_PERPLEXITY = "fsdp_train_eval_perplexity"
+NODE_CHECK_BUSBW = "fsdp_node_check_busbw_gigabytes_per_second"
+NODE_CHECK_STORAGE = "fsdp_node_check_storage_megabytes_per_second"
+NODE_CHECK_SECONDS = "fsdp_node_check_seconds"
 
 
 class TrainingMetrics:
@@ -57,6 +60,16 @@ class TrainingMetrics:
                                "validation set) at the last evaluation.", registry=r)
         self.eval_perplexity = Gauge(EVAL_PERPLEXITY, "exp(validation loss) at the last "
                                      "evaluation.", registry=r)
+        self.check_busbw = Gauge(
+            NODE_CHECK_BUSBW, "Node check at the job's start: bus bandwidth (nccl-tests' "
+            "definition) of a collective at the size FSDP moves for one unit of the model; "
+            "scope job: over all ranks, node: inside this node.",
+            ["collective", "unit", "scope"], registry=r)
+        self.check_storage = Gauge(NODE_CHECK_STORAGE, "Node check at the job's start: write "
+                                   "and read throughput of the checkpoint directory from this "
+                                   "node.", ["direction"], registry=r)
+        self.check_seconds = Gauge(NODE_CHECK_SECONDS, "Wall time of the node check at the "
+                                   "job's start.", registry=r)
         self.server, _ = start_http_server(port, registry=r)  # the thread is a daemon
         log.info("serving Prometheus metrics on port %d", port)
 
@@ -80,6 +93,22 @@ class TrainingMetrics:
     def observe_checkpoint(self) -> None:
         self.last_checkpoint.set(time.time())
 
+    def observe_node_check(self, report, node: str) -> None:
+        """The figures of `node_check.Report` that concern the whole job and this node."""
+        if report is None:  # --no-node-check
+            return
+        self.check_seconds.set(report.seconds)
+        for row in report.bandwidth:
+            self.check_busbw.labels(row["collective"], row["unit"], "job").set(row["busbw_gbs"])
+        for row in report.node_bandwidth:
+            if row["node"] == node:
+                self.check_busbw.labels(row["collective"], row["unit"], "node").set(
+                    row["busbw_gbs"])
+        for result in report.results:
+            if result["node"] == node and "write_mbs" in result["values"]:
+                self.check_storage.labels("write").set(result["values"]["write_mbs"])
+                self.check_storage.labels("read").set(result["values"]["read_mbs"])
+
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
@@ -95,6 +124,9 @@ class NoMetrics:
         pass
 
     def observe_checkpoint(self) -> None:
+        pass
+
+    def observe_node_check(self, report, node: str) -> None:
         pass
 
     def close(self) -> None:

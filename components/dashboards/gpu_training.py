@@ -104,6 +104,14 @@ def training_panels() -> list[dict[str, Any]]:
                     legend=PER_POD),
         _timeseries("Step", _training("fsdp_train_step"), unit="none", legend=PER_POD),
         _timeseries("Learning rate", _training("fsdp_train_learning_rate"), unit="none", legend=PER_POD),
+        _timeseries("Node check: bus bandwidth at start",
+                    _training("fsdp_node_check_busbw_gigabytes_per_second"), unit="GBs",
+                    legend="{{collective}} {{unit}} ({{scope}}) {{pod}}",
+                    description="The check before training (training/node_check.py): nccl-tests bus "
+                                "bandwidth of the all-reduce and all-gather at the sizes FSDP moves for "
+                                "one layer and the root unit; scope job: over all ranks, node: inside "
+                                "the node. A job whose check fails stops before training and is not "
+                                "here: its log names the node and the figures."),
     ]
 
 

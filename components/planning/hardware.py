@@ -63,18 +63,36 @@ class HardwareProfile:
     """NCCL bus bandwidth inside a node, GB/s, for the scaling model (240 measured on 2 x H200,
     docs/performance.md; 230 assumed for the A100's NVLink 3)."""
     vcpus: int
-    """vCPUs of the instance."""
+    """vCPUs of the instance: what it takes of the account's EC2 vCPU quota, and the pod's CPU
+    request per GPU is derived from it."""
     memory_gib: int
     """Memory of the instance, GiB."""
     usd_per_hour: float
     """Price of one instance, USD per hour, as ``price_basis`` says."""
     price_basis: str
     """Where and when ``usd_per_hour`` holds, as the forecast prints it after the price."""
+    published_node_busbw_gbs: float | None = None
+    """Published nccl-tests all-reduce bus bandwidth of all the instance's GPUs inside one
+    instance at large sizes, GB/s (sources in NODE_CHECK_SOURCES); None: unknown, the node
+    check reports the figure without a floor."""
+    published_efa_busbw_gbs: float | None = None
+    """Published nccl-tests all-reduce bus bandwidth between instances over all their EFA
+    interfaces, GB/s (NODE_CHECK_SOURCES); None: unknown, reported without a floor."""
 
     @property
     def efa_interfaces(self) -> int:
         """EFA devices the node exposes as ``vpc.amazonaws.com/efa``: one per network card."""
         return self.network_cards
+
+    @property
+    def min_node_busbw_gbs(self) -> float:
+        """The node check's floor inside a node: the published figure x NODE_CHECK_MARGIN."""
+        return round((self.published_node_busbw_gbs or 0.0) * NODE_CHECK_MARGIN, 1)
+
+    @property
+    def min_efa_busbw_gbs(self) -> float:
+        """The node check's floor between nodes over every EFA interface."""
+        return round((self.published_efa_busbw_gbs or 0.0) * NODE_CHECK_MARGIN, 1)
 
     @property
     def gpu_peak_bf16_flops(self) -> float | None:
@@ -105,6 +123,31 @@ POD_MEMORY_GIB_PER_GPU = 96
 for the process and an async checkpoint's staged copy (``components/planning/memory_fit.py``)."""
 
 
+NODE_CHECK_MARGIN = 0.5
+"""The node check fails a node or fabric below half the published bus bandwidth. Why half:
+the check measures at the sizes FSDP moves for the job's model (one layer, the root unit: about
+0.1 to 8 GB), mostly below the 1 GiB and larger sizes where nccl-tests peaks; torch adds its
+own launch overhead; published runs differ in NCCL, aws-ofi-nccl and EFA versions. The faults
+it is for land far below half: NCCL on TCP sockets instead of EFA (a few GB/s), a missing EFA
+interface or NVLink, a GPU fallen back to PCIe."""
+
+NODE_CHECK_SOURCES = {
+    "p4de inside a node": "NVIDIA/nccl#527: all_reduce_perf, 8 x A100-SXM4 on one p4dn.24xlarge "
+                          "(the same GPUs and NVSwitch as p4de), 1 GiB: busbw 230.8 GB/s",
+    "p4de over EFA": "NVIDIA/nccl#527: the same test on 2 x p4dn.24xlarge (4 x 100 Gbit/s EFA, "
+                     "as p4de), 1 GiB: busbw 57.2 GB/s",
+    "p5 inside a node": "NVIDIA GTC S62129, quoted in NVIDIA/nccl#1374: 8 x H100 SXM (NVLink 4 "
+                        "with NVLink SHARP) all-reduce busbw 480 GB/s; 8 x H200 peak 475 GB/s "
+                        "in NVIDIA/nccl-tests#272",
+    "p5 over EFA": "aws/aws-k8s-tester#503 (the EKS maintainers' NCCL test on 2 x p5.48xlarge, "
+                   "32 x 100 Gbit/s EFA): 'Avg bus bandwidth' 124-125 GB/s, an average over all "
+                   "the swept sizes, so below the large-size figure",
+    "p5e and p5en inside a node": "NVIDIA/nccl-tests#272: 8 x H200 (NVLink 4) all-reduce peak "
+                                  "busbw 475 GB/s",
+    "p5e and p5en over EFA": "none found for these types: reported without a floor",
+}
+"""Where the published bus bandwidths of the rows come from."""
+
 ON_DEMAND_US_EAST_1 = "on demand (us-east-1, 2025-06-05)"
 """The basis of the on-demand prices read from https://aws.amazon.com/ec2/pricing/on-demand/."""
 
@@ -123,6 +166,8 @@ PROFILES: dict[str, HardwareProfile] = {
         usd_per_hour=27.45,
         price_basis=ON_DEMAND_US_EAST_1,
         reservation_only=True,
+        published_node_busbw_gbs=230.8,
+        published_efa_busbw_gbs=57.2,
     ),
     "p5": HardwareProfile(
         instance_type="p5.48xlarge",
@@ -137,6 +182,8 @@ PROFILES: dict[str, HardwareProfile] = {
         memory_gib=2048,
         usd_per_hour=55.04,
         price_basis=ON_DEMAND_US_EAST_1,
+        published_node_busbw_gbs=480.0,
+        published_efa_busbw_gbs=125.0,
     ),
     "p5e": HardwareProfile(
         instance_type="p5e.48xlarge",
@@ -152,6 +199,7 @@ PROFILES: dict[str, HardwareProfile] = {
         usd_per_hour=43.26,
         price_basis="as a Capacity Block (us-east-2, to 2025-01-01; no on-demand price)",
         reservation_only=True,
+        published_node_busbw_gbs=475.0,
     ),
     "p5en": HardwareProfile(
         instance_type="p5en.48xlarge",
@@ -166,5 +214,6 @@ PROFILES: dict[str, HardwareProfile] = {
         memory_gib=2048,
         usd_per_hour=63.296,
         price_basis="on demand (us-east-1, 2026-08)",
+        published_node_busbw_gbs=475.0,
     ),
 }

@@ -148,11 +148,30 @@ def test_dcgm_exporter_only_on_gpu_nodes(recording: Recording, stack: str):
 def test_dcgm_exporter_exports_the_health_metrics(recording: Recording):
     """Checked against the CSV the chart receives (``customMetrics``) and chart 4.8.2's default list."""
     values = release(recording, versions.DCGM_EXPORTER).inputs["values"]
-    assert values["arguments"] == ["-f", DCGM_COUNTERS_PATH]
+    assert parse_flags_short(values["arguments"])["-f"] == DCGM_COUNTERS_PATH
     exported = dcgm_exported_metrics(values["customMetrics"])
     assert CHART_DEFAULT_METRICS <= set(exported), "customMetrics replaces the default list: keep it"
     for name, kind in HEALTH_METRICS.items():
         assert exported.get(name) == kind, f"{name} must be exported as a {kind}"
+
+
+def parse_flags_short(args: list[str]) -> dict[str, str]:
+    """``-x value`` pairs of dcgm-exporter's command line."""
+    assert len(args) % 2 == 0 and all(a.startswith("-") for a in args[::2]), args
+    return dict(zip(args[::2], args[1::2], strict=True))
+
+
+def test_dcgm_exporter_reads_the_node_monitoring_agents_host_engine(recording: Recording):
+    """One DCGM host engine per node (NVIDIA/DCGM #108: two are unsupported): the node monitoring
+    agent's dcgm-server serves nv-hostengine on host port 5555 (its chart's
+    templates/dcgm-daemonset.yaml, v1.6.2); the exporter connects with ``-r`` (chart 4.8.2 values:
+    "Use -r <HOST>:<PORT> to connect to an already running hostengine") from the host network,
+    where localhost is the node."""
+    values = release(recording, versions.DCGM_EXPORTER).inputs["values"]
+    assert parse_flags_short(values["arguments"])["-r"] == "localhost:5555"
+    assert values["hostNetwork"] is True
+    agents = addons(recording, "eks-node-monitoring-agent")
+    assert len(agents) == 1, "the host engine comes with the agent: it must be installed"
 
 
 def test_monitoring_runs_on_system_nodes_node_exporter_everywhere(recording: Recording):

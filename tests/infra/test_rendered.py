@@ -368,6 +368,17 @@ def test_gpu_daemonsets_fit_our_gpu_nodes_and_an_existing_clusters(stack: str, r
             assert fits(pod, node["system"]), f"{name_of(obj)} ({source}) would run on the system nodes"
 
 
+def test_dcgm_exporter_renders_as_a_client_of_the_nodes_host_engine(rendered: dict[str, rendering.Rendered]):
+    """The chart turns our values into a DaemonSet on the host network whose exporter connects
+    to ``localhost:5555``, the node monitoring agent's nv-hostengine (one per node)."""
+    [daemon_set] = [o for o in rendered["observability-dcgm"].objects if o["kind"] == "DaemonSet"]
+    spec = daemon_set["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    [exporter] = spec["containers"]
+    args = exporter["args"]
+    assert args[args.index("-r") + 1] == "localhost:5555", args
+
+
 def test_system_workloads_carry_the_system_node_selector(stack: str, recording: Recording,
                                                          rendered: dict[str, rendering.Rendered]):
     node = nodes(stack)

@@ -15,7 +15,13 @@ import pytest
 
 from components.planning.hardware import PROFILES
 from components.settings import JobSettings
-from components.training_job import SHARED_DIR, model_slug, pytorchjob_manifest, training_command
+from components.training_job import (
+    SHARED_DIR,
+    model_slug,
+    node_check_thresholds,
+    pytorchjob_manifest,
+    training_command,
+)
 from offline.stacks import ROOT
 from tests.harness import job_settings, parse, raw_settings
 from training import config as training_config
@@ -127,7 +133,9 @@ EVERY_TRAINING_FIELD_CHANGED = {
     "collective_timeout_s": 120, "async_checkpoint": False,
     "checkpoint_dir": "/elsewhere/ckpt", "checkpoint_every": 0, "keep_checkpoints": 5,
     "output_dir": "/elsewhere/out", "export_dtype": "fp32", "keep_best": True, "metrics_port": 1234,
-    "metrics_file": "/elsewhere/m.jsonl",
+    "metrics_file": "/elsewhere/m.jsonl", "node_check": False, "node_check_timeout_s": 60,
+    "node_check_gpus": 4, "node_check_efa": 2, "node_check_min_shm_gib": 2.0,
+    "node_check_min_busbw_gbs": 1.0, "node_check_min_node_busbw_gbs": 1.0,
 }
 """A value other than the package's default for every field of training/config.py."""
 
@@ -145,12 +153,13 @@ def test_the_training_package_parses_the_command(changed):
     package exactly the job's training settings, none dropped, plus the paths and port the pod
     provides (whatever the stack file said for those)."""
     job = JobSettings(training=training_config.from_fields(changed))
-    command = training_command(job, data_dir="/fsx/runs/r")
+    command = training_command(job, PROFILES["p5"], data_dir="/fsx/runs/r")
     assert command[:3] == ["torchrun", "-m", "training.finetune"]
     parsed = training_config.flat(config_from_namespace(build_parser().parse_args(command[3:])))
     pod_owned = {"checkpoint_dir": "/fsx/runs/r/checkpoints", "output_dir": "/fsx/runs/r/output",
                  "cache_dir": "/mnt/nvme/huggingface", "metrics_port": 9402,
-                 "metrics_file": "/fsx/runs/r/metrics.jsonl"}
+                 "metrics_file": "/fsx/runs/r/metrics.jsonl",
+                 **node_check_thresholds(job, PROFILES["p5"])}
     assert parsed == {**training_config.flat(job.training), **pod_owned}
 
 
@@ -163,7 +172,7 @@ def test_nccl_gives_up_on_a_hung_rank_when_the_package_does(timeout_s):
     job = job_settings(**fields)
     env = {e["name"]: e.get("value") for e in
            render(job)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["env"]}
-    command = training_command(job)
+    command = training_command(job, PROFILES["p5"])
     parsed = config_from_namespace(build_parser().parse_args(command[3:]))
     assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == str(parsed.parallel.collective_timeout_s)
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
@@ -179,5 +188,6 @@ def test_the_training_readme_shows_the_command_the_pod_runs():
     start = block.index("torchrun ")
     end = block.index("\npython -m training.finetune --help")
     shown = shlex.split(block[start:end].replace(" \\\n", " "))
-    pod = training_command(parse(raw_settings("p5")).job, data_dir=f"{SHARED_DIR}/runs/RUN")
+    settings = parse(raw_settings("p5"))
+    pod = training_command(settings.job, settings.profile, data_dir=f"{SHARED_DIR}/runs/RUN")
     assert shown == pod, f"training/README.md should show:\n{shlex.join(pod)}"

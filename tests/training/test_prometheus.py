@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import time
@@ -27,6 +28,8 @@ CONTRACT = [
     "fsdp_train_mfu_ratio", "fsdp_train_step_seconds",
     "fsdp_train_last_checkpoint_timestamp_seconds", "fsdp_train_last_step_timestamp_seconds",
     "fsdp_train_eval_loss", "fsdp_train_eval_perplexity",
+    "fsdp_node_check_busbw_gigabytes_per_second", "fsdp_node_check_storage_megabytes_per_second",
+    "fsdp_node_check_seconds",
 ]
 """The names the dashboard and alert rules (issue 5) are written against."""
 
@@ -53,12 +56,14 @@ def test_endpoint_serves_moving_step_counter(tmp_path, tiny_cache):
     """Checked against a real HTTP scrape of a 2-rank CPU run with --metrics-port: every
     contract metric is served by local rank 0, and the step gauge, the step counter and the
     last-step timestamp move between two scrapes while the loss is a finite positive number;
-    after an evaluation the validation loss is too, and its perplexity is exp of it."""
+    after an evaluation the validation loss is too, and its perplexity is exp of it; the node
+    check's gauges hold the figures of its record in the metrics file."""
     port = free_port()
     cmd = torchrun_cmd(2) + [*TINY_FLAGS, "--max-steps", "12", "--batch-size", "4",
                              "--cache-dir", str(tiny_cache), "--metrics-port", str(port),
                              "--checkpoint-dir", str(tmp_path / "ckpt"),
-                             "--checkpoint-every", "2", "--eval-every", "2"]
+                             "--checkpoint-every", "2", "--eval-every", "2",
+                             "--metrics-file", str(tmp_path / "metrics.jsonl")]
     proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(FSDP_EKS_TEST_STEP_DELAY_S="0.4"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -70,7 +75,8 @@ def test_endpoint_serves_moving_step_counter(tmp_path, tiny_cache):
         if proc.poll() is None:
             proc.kill()
     Run(proc.returncode, out, tmp_path).check()
-    assert set(CONTRACT) <= set(first), sorted(set(CONTRACT) - set(first))
+    served = {name.split("{")[0] for name in first}
+    assert set(CONTRACT) <= served, sorted(set(CONTRACT) - served)
     assert second["fsdp_train_steps_total"] > first["fsdp_train_steps_total"]
     assert (second["fsdp_train_last_step_timestamp_seconds"]
             > first["fsdp_train_last_step_timestamp_seconds"])
@@ -84,6 +90,17 @@ def test_endpoint_serves_moving_step_counter(tmp_path, tiny_cache):
     assert 0 < second["fsdp_train_eval_loss"] < 20
     assert second["fsdp_train_eval_perplexity"] == pytest.approx(
         math.exp(second["fsdp_train_eval_loss"]), rel=1e-9)
+    # The node check at the start: its figures, as its record in the metrics file has them.
+    (check,) = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
+                if "node_check/passed" in r]
+    for row in check["node_check/bandwidth"]:
+        key = (f'{prometheus.NODE_CHECK_BUSBW}{{collective="{row["collective"]}",scope="job",'
+               f'unit="{row["unit"]}"}}')
+        assert second[key] == pytest.approx(row["busbw_gbs"]), key
+    (storage,) = [r for r in check["node_check/results"] if r["check"] == "checkpoint dir"]
+    assert second[f'{prometheus.NODE_CHECK_STORAGE}{{direction="write"}}'] == pytest.approx(
+        storage["values"]["write_mbs"])
+    assert second[prometheus.NODE_CHECK_SECONDS] == pytest.approx(check["node_check/seconds"])
 
 
 def _wait_for(port: int, proc: subprocess.Popen, ready, timeout: float = 90) -> dict:

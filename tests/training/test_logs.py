@@ -1,4 +1,4 @@
-"""The package's own runs show no library log line a user cannot act on (training/library_noise.py),
+"""The package's own runs show no library log line a user cannot act on (training/logs.py),
 and every other warning still shows."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from training.library_noise import NOISE, quiet_library_noise
+from training.logs import NOISE, quiet_library_noise
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEN = ("Failed to load", "Detected no triton", "is an Enum subclass and is now natively supported")

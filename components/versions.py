@@ -24,10 +24,7 @@ class HelmChart:
     chart: str
     version: str
     repo: str
-    """The Helm repository that publishes it (provenance; the source at deploy time when not vendored)."""
-    vendored: bool = True
-    """``pulumi up`` installs the copy in ``CHARTS_DIR/<chart>-<version>/``, the one the tests render;
-    False: it fetches the chart from ``repo`` at ``version`` (the vendored copy is incomplete)."""
+    """The Helm repository that publishes it (provenance: ``pulumi up`` installs the vendored copy)."""
 
     @property
     def folder(self) -> PurePosixPath:
@@ -174,16 +171,15 @@ def standard_support_warning(version: str, today: date) -> str | None:
     return None
 
 
-# Observability (components/observability.py).
+# Observability (components/observability/).
 KUBE_PROMETHEUS_STACK = HelmChart(
     chart="kube-prometheus-stack",
     version="88.5.3",
     repo="https://prometheus-community.github.io/helm-charts",
-    vendored=False,
 )
-"""The newest release whose source could be vendored (91.2.1 could not). Installed from the
-repository: the vendored copy lacks the four subcharts (grafana, kube-state-metrics, node and
-windows exporters) that the upstream .gitignore keeps out of git; components/charts/PROVENANCE.md."""
+"""The newest release whose source could be vendored (91.2.1 could not), with its four subcharts
+(grafana 12.11.1, kube-state-metrics 8.4.0, prometheus-node-exporter 4.56.1,
+prometheus-windows-exporter 0.12.8) in its ``charts/``: components/charts/PROVENANCE.md."""
 DCGM_EXPORTER = HelmChart(
     chart="dcgm-exporter",
     version="4.8.2",

@@ -19,9 +19,9 @@ from pulumi.runtime import mocks as pulumi_mocks
 
 from components.planning.hardware import PROFILES
 from components.settings import SECRET_KEYS
-from components.versions import EKS_ADDONS
 from components.settings_parser import load_settings
 from components.stack import build_stack
+from components.versions import EKS_ADDONS
 from offline.recording import Recording, Registration
 
 FAKE_ACCOUNT = "123456789012"
@@ -163,6 +163,16 @@ class AwsLikeMocks(pulumi.runtime.Mocks):
         return {}
 
 
+def engine_urn(parent: str, type_: str, name: str, stack: str | None = None) -> str:
+    """A resource's URN as the engine builds it: the parent's whole type chain (the stack's
+    excepted), then the type and the name; ``stack``: the current one. (The SDK's mock keeps only
+    the parent's last type.)"""
+    chain = parent.split("::")[2] if parent else "pulumi:pulumi:Stack"
+    if chain != "pulumi:pulumi:Stack":
+        type_ = f"{chain}${type_}"
+    return f"urn:pulumi:{stack or pulumi.get_stack()}::{pulumi.get_project()}::{type_}::{name}"
+
+
 class NoResourceRefsMonitor(pulumi_mocks.MockMonitor):
     """Resource references to mocked component outputs cannot be rebuilt: turn them off."""
 
@@ -174,12 +184,28 @@ class NoResourceRefsMonitor(pulumi_mocks.MockMonitor):
         super().__init__(mocks)
         self.dependencies: dict[tuple[str, str], list[str]] = {}
         self.delete_before_replace: set[tuple[str, str]] = set()
+        self.identities: dict[tuple[str, str], tuple[str, str, list[str]]] = {}
+        """(type, name) -> URN, parent URN, alias URNs."""
+
+    def make_urn(self, parent: str, type_: str, name: str) -> str:
+        return engine_urn(parent, type_, name)
+
+    def _alias_urn(self, alias, request) -> str:
+        """An alias as the engine resolves it: a URN, or a spec whose unset fields are the resource's own."""
+        if alias.urn:
+            return alias.urn
+        spec = alias.spec
+        parent = "" if spec.noParent else (spec.parentUrn or request.parent)
+        return self.make_urn(parent, spec.type or request.type, spec.name or request.name)
 
     def RegisterResource(self, request):
         # The engine's view of ordering: what this resource waits for, as resource names.
-        self.dependencies[(request.type, request.name)] = [urn.split("::")[-1] for urn in request.dependencies]
+        key = (request.type, request.name)
+        self.dependencies[key] = [urn.split("::")[-1] for urn in request.dependencies]
         if request.deleteBeforeReplace:
-            self.delete_before_replace.add((request.type, request.name))
+            self.delete_before_replace.add(key)
+        self.identities[key] = (self.make_urn(request.parent, request.type, request.name), request.parent,
+                                [self._alias_urn(a, request) for a in request.aliases])
         return super().RegisterResource(request)
 
 
@@ -211,4 +237,6 @@ def run_program(config: dict[str, Any], stack: str = "test", mocks: AwsLikeMocks
     for registration in recording.resources:
         registration.dependencies = monitor.dependencies.get((registration.type, registration.name), [])
         registration.delete_before_replace = (registration.type, registration.name) in monitor.delete_before_replace
+        registration.urn, registration.parent, registration.aliases = monitor.identities[
+            (registration.type, registration.name)]
     return recording

@@ -77,7 +77,7 @@ def write_manifests(recording: Recording, out: Path) -> list[Path]:
         written.append(path)
     for r in recording.of_type("kubernetes:helm.sh/v3:Release"):
         path = out / f"helm-{r.name}.yaml"
-        release = masked({k: r.inputs.get(k) for k in ("chart", "version", "repositoryOpts", "namespace", "values")})
+        release = masked({k: r.inputs.get(k) for k in ("chart", "version", "namespace", "values")})
         path.write_text(yaml.safe_dump(release, sort_keys=False))
         written.append(path)
     return written

@@ -18,6 +18,13 @@ class Registration:
     """Names of the resources it waits for (``depends_on`` and the resources its inputs come from)."""
     delete_before_replace: bool = False
     """Its ``delete_before_replace`` option: a replacement deletes the old one first."""
+    urn: str = ""
+    """Its URN, as the engine builds it: the parent's type chain, its type, its name."""
+    parent: str = ""
+    """Its parent's URN."""
+    aliases: list[str] = field(default_factory=list)
+    """The URNs of its ``aliases`` option (what a stack's state may still know it by); those it
+    inherits from its parent's aliases are not listed."""
 
 
 @dataclass

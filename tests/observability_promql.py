@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
-from components.observability import TRAINING_METRICS, dcgm_exported_metrics
+from components.observability.gpu_telemetry import dcgm_exported_metrics
 from tests.harness import require_tool
+from training import metric_names as training_metrics
 
 OTHER_SOURCES = {
     "up": "Prometheus itself: one series per scrape target",
@@ -37,11 +38,14 @@ def promtool() -> str:
     return require_tool("promtool", "install Debian's `prometheus` package (.ci/run does)")
 
 
-def known_metrics() -> dict[str, str]:
-    """Every metric name a query may use, with where it comes from."""
+def known_metrics(dcgm_csv: str | None = None) -> dict[str, str]:
+    """Every metric name a query may use, with where it comes from: what dcgm-exporter exports
+    with ``dcgm_csv`` (default: components/dcgm_metrics.csv), what the training package serves
+    (training.metric_names, checked against its registry in tests/training/test_prometheus.py),
+    and ``OTHER_SOURCES``."""
     return {
-        **{name: "dcgm-exporter (components/dcgm_metrics.csv)" for name in dcgm_exported_metrics()},
-        **{name: "training package" for name in TRAINING_METRICS},
+        **{name: "dcgm-exporter" for name in dcgm_exported_metrics(dcgm_csv)},
+        **{name: "training package" for name in training_metrics.SERVED},
         **OTHER_SOURCES,
     }
 

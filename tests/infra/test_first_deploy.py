@@ -33,6 +33,7 @@ from tests.harness import (
     Recording,
     parse,
     raw_settings,
+    release,
     run_program,
     settings_error,
     stack_config,
@@ -377,7 +378,7 @@ def test_prometheus_volume_claim_is_deleted_before_the_ebs_csi_driver(recording:
     the StorageClass and the EBS CSI add-on that deletes the volume."""
     [claim] = [r for r in recording.of_type("kubernetes:core/v1:PersistentVolumeClaim")
                if r.name.startswith("observability-")]
-    kps = next(r for r in recording.of_type(HELM) if r.inputs["chart"] == versions.KUBE_PROMETHEUS_STACK.chart)
+    kps = release(recording, versions.KUBE_PROMETHEUS_STACK)
     ebs = addon(recording, "aws-ebs-csi-driver")
     assert claim.name in waits_for(recording, kps.name)
     assert ebs.name in waits_for(recording, claim.name)

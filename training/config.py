@@ -30,6 +30,7 @@ Precision = Literal["auto", "fp32", "bf16", "fp8"]
 ExportDtype = Literal["bf16", "fp32"]
 SdpaBackend = Literal["auto", "cudnn", "flash", "efficient"]
 LossImpl = Literal["fused", "plain"]
+PackedAttention = Literal["flex", "sdpa"]
 DataFormat = Literal["auto", "alpaca", "text", "prompt-completion", "chat", "fields"]
 
 
@@ -85,6 +86,12 @@ class ModelConfig(_Section):
     sdpa_backend: SdpaBackend = "auto"
     """First choice of attention kernel on CUDA (the others stay as fallbacks): auto (torch's
     order: flash attention 2 first), cudnn (cuDNN's fused attention), flash, efficient."""
+
+    packed_attention: PackedAttention = "flex"
+    """Attention of packed rows (several documents per row): flex (block-causal FlexAttention
+    on CUDA: tiles between two documents are skipped; training/attention.py) or sdpa (a dense
+    block-diagonal mask and a masked kernel over the whole row). On the CPU always sdpa
+    (FlexAttention has no CPU backward)."""
 
     loss: LossImpl = "fused"
     """Output head + cross-entropy: fused (chunked, never materialises the full fp32 logits;
@@ -223,6 +230,11 @@ class TrainConfig(_Section):
     epoch. Always also after the last step. Mean token loss over the whole validation set (all
     ranks, no dropout) and its perplexity."""
 
+    gc_every: int = 0
+    """Python garbage collection: 0 = automatic (Python's own thresholds); N = automatic
+    collection off after setup (setup's objects frozen) and a collection of the young
+    generations every N optimizer steps (training/gc_schedule.py)."""
+
     def problems(self) -> list[Problem]:
         return _failing(
             (self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}"),
@@ -234,6 +246,8 @@ class TrainConfig(_Section):
             (self.log_every >= 1, "log_every", f"must be >= 1, got {self.log_every}"),
             (self.eval_every >= 0, "eval_every",
              f"must be >= 0 (0 = every epoch), got {self.eval_every}"),
+            (self.gc_every >= 0, "gc_every",
+             f"must be >= 0 (0 = automatic collection), got {self.gc_every}"),
         )
 
 

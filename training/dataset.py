@@ -379,15 +379,27 @@ def tokenize(examples: list, tokenizer, mask_prompt: bool, chat: bool) -> list[t
 # ----------------------------------------------------------------------------- packing
 @dataclass(frozen=True)
 class PackedData:
-    """Packed rows: inputs, targets and position ids, each [num_rows, seq_len] int64."""
+    """Packed rows: inputs, targets and position ids, each [num_rows, seq_len] int64, and
+    the number of documents in each row ([num_rows], padding not counted)."""
 
     inputs: torch.Tensor
     targets: torch.Tensor
     positions: torch.Tensor
+    documents: torch.Tensor
     stats: dict
 
     def __len__(self) -> int:
         return self.inputs.shape[0]
+
+    def batch(self, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(inputs, targets[, positions]) of these rows. Without position ids when no row
+        holds two documents: a lone document followed by padding needs no document mask
+        (nothing attends forward, and the padding has no targets), so the model takes the
+        plain causal kernel and positions 0..n-1, which are the document's own."""
+        batch = (self.inputs[rows], self.targets[rows])
+        if bool((self.documents[rows] > 1).any()):
+            batch += (self.positions[rows],)
+        return batch
 
 
 def pack(docs: list[tuple[list[int], list[bool]]], seq_len: int, pad_id: int) -> PackedData:
@@ -411,6 +423,7 @@ def pack(docs: list[tuple[list[int], list[bool]]], seq_len: int, pad_id: int) ->
     inputs = torch.full((len(rows), seq_len), pad_id, dtype=torch.long)
     targets = torch.full((len(rows), seq_len), IGNORE_INDEX, dtype=torch.long)
     positions = torch.zeros((len(rows), seq_len), dtype=torch.long)
+    documents = torch.tensor([len(row) for row in rows], dtype=torch.long)
     for r, row in enumerate(rows):
         start = 0
         for tokens, trained in row:
@@ -428,7 +441,8 @@ def pack(docs: list[tuple[list[int], list[bool]]], seq_len: int, pad_id: int) ->
              "examples_without_targets": skipped,
              "padding_fraction": round(1 - sum(len(t) for row in rows for t, _ in row) / cells, 4),
              "target_fraction": round(float((targets != IGNORE_INDEX).sum()) / cells, 4)}
-    return PackedData(inputs=inputs, targets=targets, positions=positions, stats=stats)
+    return PackedData(inputs=inputs, targets=targets, positions=positions, documents=documents,
+                      stats=stats)
 
 
 # ----------------------------------------------------------------------------- the whole path

@@ -104,6 +104,10 @@ def bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--sync-every-step", action="store_true",
                    help="read the loss on the host after every step (as a per-step logger "
                         "would), to measure what that sync costs")
+    p.add_argument("--gc-every", type=int, default=0, metavar="N",
+                   help="Python's garbage collector: 0 = automatic; N = off after setup and a "
+                        "young-generation collection every N steps (training/gc_schedule.py; "
+                        "measured to change nothing, docs/performance.md)")
     p.add_argument("--doc-lengths", metavar="MIN:MAX|FILE", default=None,
                    help="packed rows, as the fine-tune packs its records: documents of random "
                         "tokens (<s> ... </s>), lengths drawn uniformly from MIN..MAX tokens or "
@@ -334,7 +338,7 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
     timings["optimizer_s"] = time.perf_counter() - started
     packing: list[torch.Tensor] = []
     step = _stepper(args, cfg, env, model, optimizer, scheduler, packing)
-    collector = GcSchedule(cfg.train.gc_every)
+    collector = GcSchedule(args.gc_every)
     losses = _warm_up(args, step, device, timings)
     step_times, wall = _timed_steps(args, step, device, losses, collector)
     collector.close()
@@ -380,6 +384,7 @@ def _setup_record(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, model:
         "strategy": strategy(model, cfg.parallel.sharding),
         "wrapped": wrapped,
         "sync_every_step": args.sync_every_step,
+        "gc_every": args.gc_every,
         "memory_fraction": args.memory_fraction,
         "versions": _versions(env),
         "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCHINDUCTOR_CACHE_DIR",
@@ -565,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser = bench_parser()
     args, rest = parser.parse_known_args(argv)
+    if args.gc_every < 0:
+        parser.error(f"--gc-every must be >= 0 (0 = automatic collection), got {args.gc_every}")
     if args.doc_lengths:
         try:
             document_lengths(args.doc_lengths)

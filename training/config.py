@@ -230,11 +230,6 @@ class TrainConfig(_Section):
     epoch. Always also after the last step. Mean token loss over the whole validation set (all
     ranks, no dropout) and its perplexity."""
 
-    gc_every: int = 0
-    """Python garbage collection: 0 = automatic (Python's own thresholds); N = automatic
-    collection off after setup (setup's objects frozen) and a collection of the young
-    generations every N optimizer steps (training/gc_schedule.py)."""
-
     def problems(self) -> list[Problem]:
         return _failing(
             (self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}"),
@@ -246,8 +241,6 @@ class TrainConfig(_Section):
             (self.log_every >= 1, "log_every", f"must be >= 1, got {self.log_every}"),
             (self.eval_every >= 0, "eval_every",
              f"must be >= 0 (0 = every epoch), got {self.eval_every}"),
-            (self.gc_every >= 0, "gc_every",
-             f"must be >= 0 (0 = automatic collection), got {self.gc_every}"),
         )
 
 

@@ -42,7 +42,6 @@ from training.dataset import (
 from training.dist import DistEnv, all_sum, check_locked_memory, init_distributed
 from training.errors import OOM_ADVICE, UserError
 from training.export import export_hf
-from training.gc_schedule import GcSchedule
 from training.loss import install_loss_forward
 from training.metrics import (
     JsonLines,
@@ -424,10 +423,8 @@ def _train(cfg: JobConfig, run: _Run, out: _Outputs, flops_token: float,
     delay = float(os.environ.get(TEST_STEP_DELAY_ENV, "0"))
     exit_after = int(os.environ.get(TEST_EXIT_AFTER_STEP_ENV, "0"))
     history: list[dict] = []
-    collector = GcSchedule(cfg.train.gc_every)
     for step in range(run.state.step + 1, run.total + 1):
         history.append(_step(cfg, run, step, flops_token, peak, env))
-        collector.step(step)
         out.step(history[-1])
         evaluated = _eval_due(cfg, run, step)
         if evaluated:
@@ -441,9 +438,7 @@ def _train(cfg: JobConfig, run: _Run, out: _Outputs, flops_token: float,
             if run.ckpt:
                 run.ckpt.close()
             log.warning("test hook %s: stopping after step %d", TEST_EXIT_AFTER_STEP_ENV, step)
-            collector.close()
             return None
-    collector.close()
     return history
 
 

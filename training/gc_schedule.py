@@ -1,4 +1,5 @@
-"""Python's garbage collector on a schedule instead of by allocation count (--gc-every).
+"""Python's garbage collector on a schedule instead of by allocation count (`training.bench
+--gc-every`).
 
 CPython runs a collection whenever enough container objects have been allocated since the
 last one; the oldest generation's collection walks every tracked object of the process
@@ -9,6 +10,10 @@ permanent generation (`gc.freeze`: never walked again), turns automatic collecti
 collects the young generations every N optimizer steps, at a step boundary, as torchtitan's
 `GarbageCollection` does. Reference cycles created during training are still freed, N steps
 late at most. 0 leaves Python's automatic collection as it is.
+
+Measured on one H200 (docs/performance.md, "Packed rows"): three bench runs each way, 20 timed
+steps, no stall in any and the same speed (26,833 and 26,801 tokens/s mean), so the fine-tune
+keeps Python's automatic collection; the bench keeps the switch to look again.
 """
 
 from __future__ import annotations

@@ -20,6 +20,13 @@ metrics logging (a host sync) runs at step 1 only (`metrics.log_freq` past the r
 optimizer settings are the package's defaults (lr 2e-5, 10 warm-up steps, betas 0.9/0.95,
 eps 1e-8, no weight decay, clipping at 1.0).
 
+With `--doc-lengths` both sides train on the same packed rows: `training.bench.packed_rows`
+(documents `<s> ... </s>` packed as the fine-tune packs records, from the same generator and
+seed), and torchtitan attends block-causally with its own masks (`attn_mask_type
+block_causal`, documents cut after each EOS token: the same boundaries; `--attn flex` its
+FlexAttention, `--attn varlen` its varlen attention). Its tokenizer is a stub that only knows
+the EOS id, which is all its masks read.
+
 `datasets` is imported by torchtitan's text loaders at import time only; it is not installed
 on the GPU machine, so a stub module stands in (nothing of it is called).
 """

@@ -175,11 +175,23 @@ phasepacked() {  # packed rows: the attention kernels alone, the packed-loss tes
 }
 
 phasegc() {  # the stall: the packed FlexAttention bench, 20 timed steps, three runs with
-  # Python's automatic garbage collection and three with it off (--gc-every 50), alternating
+  # Python's automatic garbage collection and three with it off (--gc-every 50), alternating;
+  # first the packed-loss test on the GPU
+  run_limited gpu-test 150 $PY -m pytest -x -q -p no:cacheprovider tests/training/test_data.py \
+    -k "packed or one_document"
   for i in 1 2 3; do
     ours ours-16l-packed-gcauto-$i 90 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED --bench-steps 20
     ours ours-16l-packed-gc50-$i 90 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED --bench-steps 20 --gc-every 50
   done
+}
+
+phasepair() {  # the packed-loss test on the GPU (without the infra tests' conftest, which
+  # needs Pulumi), a second same-call sample of the packed pair, torchtitan's varlen attention
+  run_limited gpu-test 150 $PY -m pytest -x -q -p no:cacheprovider --noconftest \
+    tests/training/test_data.py -k "packed or one_document"
+  ours ours-16l-packed-flex 100 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED
+  titan titan-16l-packed-flex 120 --layers 16 --ac none $PACKED --attn flex
+  titan titan-16l-packed-varlen 120 --layers 16 --ac none $PACKED --attn varlen
 }
 
 "phase$PHASE"

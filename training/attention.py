@@ -40,20 +40,52 @@ def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
     return (position_ids == 0).cumsum(-1)
 
 
+TILE = 128
+"""FlexAttention's default block size: the granularity at which tiles are skipped."""
+
+
 def document_block_mask(position_ids: torch.Tensor):
     """The block-causal `BlockMask` of packed rows: token q attends to token k when k <= q and
     both belong to the same document. Built on the device from the [batch, seq] position ids,
-    once per micro-batch (shared by every layer), without a host sync."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    once per micro-batch (shared by every layer), without a host sync.
+
+    The tile tables come straight from the documents' ranges: document ids never decrease
+    along a row, so a tile's first and last ids bound it. A (query tile, key tile) pair below
+    the diagonal is empty when the key tile's last document precedes the query tile's first,
+    full when both tiles lie inside one and the same document (and are whole tiles), partial
+    otherwise (the mask function decides per element there). `create_block_mask` would
+    evaluate the mask function on every element of the batch x seq x seq square instead
+    (3.4 ms per micro-batch at 3 x 4,096 on an H200, compiled)."""
+    from torch.nn.attention.flex_attention import BlockMask
 
     docs = document_ids(position_ids)
 
     def block_causal(b, h, q, kv):
         return (q >= kv) & (docs[b, q] == docs[b, kv])
 
-    batch, seq = position_ids.shape
-    return create_block_mask(block_causal, batch, None, seq, seq, device=position_ids.device,
-                             _compile=position_ids.device.type == "cuda")
+    batch, seq = docs.shape
+    tiles = -(-seq // TILE)
+    padded = torch.cat([docs, docs[:, -1:].expand(batch, tiles * TILE - seq)], dim=1)
+    first, last = padded[:, ::TILE], padded[:, TILE - 1::TILE]  # [batch, tiles]
+    index = torch.arange(tiles, device=docs.device)
+    below = index[None, :] <= index[:, None]  # [query tile, key tile]: causal
+    strictly_below = index[None, :] < index[:, None]
+    whole = (index + 1) * TILE <= seq
+    touching = below & (last[:, None, :] >= first[:, :, None])
+    single = (first == last) & whole
+    full = (strictly_below & single[:, :, None] & single[:, None, :]
+            & (first[:, :, None] == first[:, None, :]))
+
+    def table(tiles_on: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        counts = tiles_on.sum(-1, dtype=torch.int32)
+        order = torch.argsort((~tiles_on).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+        return counts[:, None], order[:, None]  # one head dimension: the mask is per row
+
+    partial_num, partial_idx = table(touching & ~full)
+    full_num, full_idx = table(full)
+    return BlockMask.from_kv_blocks(partial_num, partial_idx, full_num, full_idx,
+                                    BLOCK_SIZE=TILE, mask_mod=block_causal,
+                                    seq_lengths=(seq, seq))
 
 
 def use_document_mask(choice: str, device: torch.device) -> bool:

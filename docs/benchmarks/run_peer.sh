@@ -194,6 +194,15 @@ phasepair() {  # the packed-loss test on the GPU (without the infra tests' conft
   titan titan-16l-packed-varlen 120 --layers 16 --ac none $PACKED --attn varlen
 }
 
+phasemask() {  # the block mask built from the documents' tile ranges (no longer by
+  # create_block_mask): the kernels again (its correctness against fp32 at 4,096 and its build
+  # time), then the packed pair
+  run_limited attn-bench 150 $PY benchmarks/packed_attention_bench.py $PACKED --out "$WORK/json"
+  grep -h "^sdpa\|^flex\|^varlen\|block_mask_ms" "$LOG" | tail -6
+  ours ours-16l-packed-flex 100 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED
+  titan titan-16l-packed-flex 120 --layers 16 --ac none $PACKED --attn flex
+}
+
 "phase$PHASE"
 pack
 echo "--- phase $PHASE done at $(elapsed) s"

@@ -173,6 +173,35 @@ def test_packed_document_has_the_loss_it_has_alone(path, tokenizer):
     assert (leaky - ref).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("seq_len, lengths, full_tiles", [
+    (512, (20, 300), True), (640, (128, 129), False), (300, (30, 90), False),
+    (384, (400, 500), True), (300, (400, 500), True)],
+                         ids=["short-docs", "tile-sized-docs", "ragged-last-tile", "one-per-row", "one-per-ragged-row"])
+def test_document_block_mask_is_the_one_create_block_mask_builds(seq_len, lengths, full_tiles):
+    """Checked against PyTorch's own construction (`create_block_mask` evaluating the
+    block-causal mask function on every element): the same empty, partial and full tiles for
+    packings of short documents, documents one tile long, a sequence that ends mid-tile, and
+    documents longer than a row."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from training import attention
+
+    gen = torch.Generator().manual_seed(seq_len)
+    docs = []
+    while sum(len(t) for t, _ in docs) < 4 * seq_len:
+        n = int(torch.randint(*lengths, (1,), generator=gen))
+        docs.append(([5] * n, [True] * n))
+    positions = dataset.pack(docs, seq_len, 0).positions[:3]
+    ids = attention.document_ids(positions)
+    ours = attention.document_block_mask(positions)
+    ref = create_block_mask(lambda b, h, q, kv: (q >= kv) & (ids[b, q] == ids[b, kv]), 3, None,
+                            seq_len, seq_len, device="cpu")
+    for table in ("kv_num_blocks", "full_kv_num_blocks"):
+        torch.testing.assert_close(getattr(ours, table), getattr(ref, table))
+    assert torch.equal(ours.to_dense(), ref.to_dense())
+    assert bool(ours.full_kv_num_blocks.sum() > 0) == full_tiles  # the case tests what it says
+
+
 def test_rows_of_one_document_take_the_causal_kernel():
     """Checked against the packing rule: a batch passes position ids (and so a document mask)
     only when one of its rows holds two documents; a lone document before padding does not."""

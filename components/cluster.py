@@ -16,6 +16,7 @@ import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
 from components import versions
+from components.gpu_nodes import GPU_TOLERATION
 from components.node_metadata import metadata_options
 from components.settings import ClusterSettings
 
@@ -29,6 +30,12 @@ NODE_ROLE_POLICIES = {
     # Session Manager instead of SSH keys for debugging a node.
     "ssm": "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
 }
+
+ADDON_CONFLICT_RESOLUTION = "OVERWRITE"
+"""``resolve_conflicts_on_create`` of every EKS add-on the stack creates. EKS bootstraps CoreDNS
+(and kube-proxy, the VPC CNI) as self-managed objects; without OVERWRITE, CreateAddon over them
+"might fail" (EKS API reference, CreateAddon ``resolveConflicts``; eksctl #5880, nebari #2537).
+pulumi-eks uses OVERWRITE for the add-ons it creates (kube-proxy, the VPC CNI)."""
 
 ACCESS_POLICIES = {
     "admin": "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy",
@@ -56,6 +63,12 @@ def endpoint_access(settings: ClusterSettings) -> dict:
         return {"endpoint_private_access": True, "endpoint_public_access": False}
     return {"endpoint_private_access": True, "endpoint_public_access": True,
             "public_access_cidrs": list(settings.public_access_cidrs)}
+
+
+def control_plane_log_types(settings: ClusterSettings) -> list[str]:
+    """The control-plane logs sent to CloudWatch: the API server's and the authenticator's; the
+    audit log (every request: the largest, billed per GB) only when ``cluster.auditLog`` asks."""
+    return ["api", "authenticator", *(["audit"] if settings.audit_log else [])]
 
 
 def vpc_cni_options(addon_version: str) -> eks.VpcCniOptionsArgs:
@@ -101,9 +114,11 @@ class EksCluster(pulumi.ComponentResource):
         )
         # Its DaemonSet needs nodes to run on, or the add-on never turns ACTIVE: after the
         # system nodes; GPU nodes, which start alongside, get its DaemonSet as they join.
+        # Its dcgm-server tolerates the GPU taint (versions.node_monitoring_agent_configuration).
         self.node_monitoring_agent = self._addon(
             f"{name}-node-monitoring-agent", args, "eks-node-monitoring-agent",
             pulumi.ResourceOptions(parent=self, depends_on=[self.eks, self.system_nodes]),
+            configuration_values=json.dumps(versions.node_monitoring_agent_configuration([dict(GPU_TOLERATION)])),
         )
         self.ready: list[pulumi.Resource] = [self.pod_identity_agent, self.system_nodes, self.coredns]
         """What in-cluster workloads wait for: nodes to run on, cluster DNS and Pod Identity credentials."""
@@ -128,13 +143,16 @@ class EksCluster(pulumi.ComponentResource):
         )
 
     @staticmethod
-    def _addon(resource_name: str, args: EksClusterArgs, addon: str, opts: pulumi.ResourceOptions) -> aws.eks.Addon:
+    def _addon(resource_name: str, args: EksClusterArgs, addon: str, opts: pulumi.ResourceOptions,
+               configuration_values: str | None = None) -> aws.eks.Addon:
         """A core EKS add-on at the pinned version of the cluster's Kubernetes version."""
         return aws.eks.Addon(
             resource_name,
             cluster_name=args.name,
             addon_name=addon,
             addon_version=versions.EKS_ADDONS[args.settings.kubernetes_version][addon],
+            resolve_conflicts_on_create=ADDON_CONFLICT_RESOLUTION,
+            configuration_values=configuration_values,
             opts=opts,
         )
 
@@ -192,7 +210,7 @@ class EksCluster(pulumi.ComponentResource):
             # every network interface, which is what lets the nodes join.
             skip_default_security_groups=True,
             **endpoint_access(s),
-            enabled_cluster_log_types=["api", "audit", "authenticator"],
+            enabled_cluster_log_types=control_plane_log_types(s),
             # pulumi-eks defaults the upgrade policy to EXTENDED (about 6x the control-plane price
             # once the version leaves standard support).
             upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type=s.support_type),
@@ -245,6 +263,7 @@ class EksCluster(pulumi.ComponentResource):
             subnet_ids=args.private_subnet_ids,
             instance_types=[args.settings.system_instance_type],
             ami_type="AL2023_x86_64_STANDARD",
+            release_version=versions.EKS_AMI_RELEASES[args.settings.kubernetes_version],
             capacity_type="ON_DEMAND",
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 min_size=size.min_size, desired_size=size.desired_size, max_size=size.max_size

@@ -15,6 +15,7 @@ import pulumi
 import pulumi_aws as aws
 import yaml
 
+from components import versions
 from components.hardware import HardwareProfile
 from components.node_metadata import metadata_options
 from components.settings import GpuNodeSettings
@@ -75,10 +76,48 @@ def node_config() -> str:
     }
     return "---\n" + yaml.safe_dump(document, sort_keys=False)
 
-LUSTRE_CLIENT_SCRIPT = """#!/bin/bash
-# The FSx CSI driver mounts with the host's Lustre client; the AL2023 AMI does not ship it.
-set -euo pipefail
-dnf install -y lustre-client
+LUSTRE_READY_LABEL = {"fsdp-eks/lustre-client": "ready"}
+"""Set by a GPU node whose Lustre client module loaded at boot (``lustre_client_script``); the
+training job requires it when it mounts FSx, so a node without a working client gets no worker
+(the pod waits, Pending, instead of hanging in its first FSx mount)."""
+NODEADM_DROP_IN_DIR = "/etc/eks/nodeadm.d"
+"""NodeConfig drop-ins that ``nodeadm-run.service`` merges over the user data; it runs after
+cloud-init's scripts (``After=cloud-final.service``), so a script of ours can still add one
+(awslabs/amazon-eks-ami ``templates/al2023/runtime/rootfs/etc/systemd/system/nodeadm-run.service``,
+``nodeadm/doc/examples.md``, drop-ins since v20251023)."""
+
+
+def lustre_ready_drop_in() -> str:
+    """The NodeConfig drop-in that labels the node ``LUSTRE_READY_LABEL``: kubelet flags append
+    in nodeadm's merge (``nodeadm/internal/api/merge.go``), so the node group's own labels and
+    taints stay."""
+    labels = ",".join(f"{k}={v}" for k, v in LUSTRE_READY_LABEL.items())
+    document = {"apiVersion": "node.eks.aws/v1alpha1", "kind": "NodeConfig",
+                "spec": {"kubelet": {"flags": [f"--node-labels={labels}"]}}}
+    return yaml.safe_dump(document, sort_keys=False)
+
+
+def lustre_client_script() -> str:
+    """Install the Lustre client, load and check its module, and only then label the node.
+
+    The FSx CSI driver mounts with the host's Lustre client, which the AL2023 AMI does not ship;
+    ``lustre-client`` must match the AMI's kernel (6.18 on the 1.36 AMI). Any failure goes to the
+    instance console (``aws ec2 get-console-output``) and the node joins without the label. The
+    paths are variables so that a test can run the script in a sandbox."""
+    return f"""#!/bin/bash
+set -uo pipefail
+CONSOLE="${{CONSOLE:-/dev/console}}"
+DROP_IN_DIR="${{DROP_IN_DIR:-{NODEADM_DROP_IN_DIR}}}"
+FILESYSTEMS="${{FILESYSTEMS:-/proc/filesystems}}"
+say() {{ echo "fsdp-eks: $*" | tee -a "$CONSOLE"; }}
+fail() {{ say "Lustre client NOT ready on kernel $(uname -r): $*; the node joins without the label {next(iter(LUSTRE_READY_LABEL))}, so no training worker lands here"; exit 1; }}
+dnf install -y lustre-client || fail "dnf install lustre-client failed"
+modprobe lustre || fail "modprobe lustre failed (no lustre module for this kernel)"
+grep -qw lustre "$FILESYSTEMS" || fail "lustre is not a registered file system after modprobe"
+mkdir -p "$DROP_IN_DIR"
+cat > "$DROP_IN_DIR/50-fsdp-eks-lustre.yaml" <<'NODECONFIG'
+{lustre_ready_drop_in()}NODECONFIG
+say "Lustre client ready on kernel $(uname -r)"
 """
 
 
@@ -87,7 +126,7 @@ def node_user_data(lustre_client: bool) -> str:
     client install when the job mounts FSx for Lustre."""
     parts = [("application/node.eks.aws", node_config())]
     if lustre_client:
-        parts.append(("text/x-shellscript", LUSTRE_CLIENT_SCRIPT))
+        parts.append(("text/x-shellscript", lustre_client_script()))
     body = "".join(f"--FSDPEKS\nContent-Type: {kind}\n\n{text}\n" for kind, text in parts)
     return f'MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary="FSDPEKS"\n\n{body}--FSDPEKS--\n'
 
@@ -124,6 +163,8 @@ class GpuNodeGroupArgs:
     """Private subnets of the GPU AZ only."""
     cluster_security_group_id: pulumi.Input[str]
     node_role_arn: pulumi.Input[str]
+    kubernetes_version: str
+    """The cluster's Kubernetes minor: picks the pinned AMI release (``versions.EKS_AMI_RELEASES``)."""
     lustre_client: bool = False
     """Install the Lustre client at boot (the job mounts FSx for Lustre)."""
     can_join: Sequence[pulumi.Resource] = ()
@@ -199,11 +240,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 )
             ],
             user_data=base64.b64encode(node_user_data(args.lustre_client).encode()).decode(),
-            placement=(
-                aws.ec2.LaunchTemplatePlacementArgs(group_name=self.placement_group.name)
-                if self.placement_group is not None
-                else None
-            ),
+            placement=self._placement(s),
             capacity_reservation_specification=reservation,
             instance_market_options=(
                 aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(market_type="capacity-block")
@@ -218,6 +255,15 @@ class GpuNodeGroup(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
 
+    def _placement(self, s: GpuNodeSettings) -> aws.ec2.LaunchTemplatePlacementArgs | None:
+        """The placement group the nodes launch into: the one named in the settings (a
+        reservation's), ours, or none."""
+        if s.placement_group_name is not None:
+            return aws.ec2.LaunchTemplatePlacementArgs(group_name=s.placement_group_name)
+        if self.placement_group is not None:
+            return aws.ec2.LaunchTemplatePlacementArgs(group_name=self.placement_group.name)
+        return None
+
     def _node_group(self, name: str, args: GpuNodeGroupArgs) -> aws.eks.NodeGroup:
         s = args.settings
         return aws.eks.NodeGroup(
@@ -227,6 +273,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             subnet_ids=args.subnet_ids,
             instance_types=[args.profile.instance_type],
             ami_type="AL2023_x86_64_NVIDIA",
+            release_version=versions.EKS_AMI_RELEASES[args.kubernetes_version],
             capacity_type="CAPACITY_BLOCK" if s.capacity_block else "ON_DEMAND",
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 min_size=s.min_size, desired_size=s.desired_size, max_size=s.max_size
@@ -252,7 +299,7 @@ def node_repair_config(enabled: bool) -> aws.eks.NodeGroupNodeRepairConfigArgs:
     the kubelet's ``Ready`` after 30 minutes (EKS user guide, "Automatically repair nodes in EKS
     clusters", node-repair.html). EKS stops repairing while more than 20 % of a group of more
     than five nodes is unhealthy, so a fleet-wide fault is not "repaired" node by node.
-    The API's default is off (API_NodeRepairConfig.html).
+    The API's default is off (API_NodeRepairConfig.html), and so is ours (``GpuNodeSettings.auto_repair``).
     """
     return aws.eks.NodeGroupNodeRepairConfigArgs(enabled=enabled)
 

@@ -3,8 +3,8 @@
 Helm v3 ``Release`` (not the v4 ``Chart``) so that the release, its chart pin and its values are
 one visible resource: tests assert on them under mocks.
 
-A vendored chart (``HelmChart.vendored``) is installed from its folder in ``components/charts/``,
-the copy the tests render: ``pulumi up`` needs no chart repository and installs byte for byte what
+Every chart is installed from its vendored folder in ``components/charts/``, the copy the tests
+render: ``pulumi up`` needs no chart repository and installs byte for byte what
 was tested. The path is relative to the project root, where ``pulumi up`` runs, so it is the same on
 every machine. The provider reads the version from the folder's ``Chart.yaml`` (pulumi-kubernetes
 #2672): a changed chart is rolled out when its version changes, and a test keeps folder, Chart.yaml
@@ -24,17 +24,6 @@ RELEASE_TIMEOUT_S = 900
 several minutes on GPU instances): pods that wait for a joining node would fail the release."""
 
 
-def chart_source(chart: HelmChart) -> dict:
-    """The ``Release`` arguments that say where the chart comes from."""
-    if chart.vendored:
-        return {"chart": f"./{chart.folder}", "version": chart.version}
-    return {
-        "chart": chart.chart,
-        "version": chart.version,
-        "repository_opts": k8s.helm.v3.RepositoryOptsArgs(repo=chart.repo),
-    }
-
-
 def helm_release(
     name: str, chart: HelmChart, namespace: str, values: dict, opts: pulumi.ResourceOptions
 ) -> k8s.helm.v3.Release:
@@ -42,7 +31,8 @@ def helm_release(
     ``depends_on`` the nodes its pods run on."""
     return k8s.helm.v3.Release(
         name,
-        **chart_source(chart),
+        chart=f"./{chart.folder}",
+        version=chart.version,
         namespace=namespace,
         create_namespace=True,
         values=values,

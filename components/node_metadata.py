@@ -12,9 +12,9 @@ Who still reads IMDS, and how (nodes: system and GPU):
 - **EBS CSI driver** (EKS add-on): falls back to the Kubernetes API (the node's providerID and
   topology labels) when IMDS does not answer (aws-ebs-csi-driver ``docs/install.md``, "Metadata";
   aws/karpenter-provider-aws#7200, where Karpenter's hop limit 1 meets the driver). Its credentials
-  come from Pod Identity (components/observability.py). That fallback cannot count a node's ENIs,
-  so the attach limit it reports is conservative (aws-ebs-csi-driver#2262); only the system nodes
-  attach EBS volumes (Prometheus).
+  come from Pod Identity (components/observability/metrics_stack.py). That fallback cannot count a
+  node's ENIs, so the attach limit it reports is conservative (aws-ebs-csi-driver#2262); only the
+  system nodes attach EBS volumes (Prometheus).
 - **FSx CSI driver** (Helm): ``NewMetadataService`` falls back to the Kubernetes API for the
   instance id (aws-fsx-csi-driver ``pkg/cloud/metadata.go``, ``metadata_k8s.go``), which carries no
   region, so the chart's ``controller.region`` / ``node.region`` are set (components/storage.py).

@@ -84,6 +84,21 @@ EXAMPLE_OFFERINGS: dict[tuple[str, str], tuple[str, ...]] = {
 --location-type availability-zone``): an EXAMPLE, not what any account is offered."""
 
 
+EXAMPLE_P_INSTANCE_QUOTAS: dict[str, float] = {"us-west-2": 384.0, "us-east-1": 384.0}
+"""Region -> "Running On-Demand P instances" quota (vCPUs; ``get-service-quota --quota-code
+L-417A185B``): an EXAMPLE of an account raised to two p5.48xlarge. New accounts often have 0."""
+EXAMPLE_CALLER_ROLE = f"arn:aws:iam::{FAKE_ACCOUNT}:role/fsdp-eks-deployer"
+"""The IAM role the offline run deploys as (its session: ``assumed-role/fsdp-eks-deployer/...``)."""
+
+
+def example_addon_versions() -> dict[tuple[str, str], str]:
+    """(add-on, Kubernetes version) -> the newest build EKS offers: an EXAMPLE account where every
+    pin of components/versions.py is the newest build (what ``get_addon_version`` answers offline)."""
+    from components.versions import EKS_ADDONS
+
+    return {(addon, k8s): pin for k8s, pins in EKS_ADDONS.items() for addon, pin in pins.items()}
+
+
 @dataclass
 class Registration:
     """One resource as the engine saw it."""
@@ -96,6 +111,13 @@ class Registration:
     """Names of the resources it waits for (``depends_on`` and the resources its inputs come from)."""
     delete_before_replace: bool = False
     """Its ``delete_before_replace`` option: a replacement deletes the old one first."""
+    urn: str = ""
+    """Its URN, as the engine builds it: the parent's type chain, its type, its name."""
+    parent: str = ""
+    """Its parent's URN."""
+    aliases: list[str] = field(default_factory=list)
+    """The URNs of its ``aliases`` option (what a stack's state may still know it by); those it
+    inherits from its parent's aliases are not listed."""
 
 
 @dataclass
@@ -128,13 +150,24 @@ class AwsLikeMocks(pulumi.runtime.Mocks):
     """Answers like AWS would: ids, ARNs, and the outputs our components read."""
 
     def __init__(self, region: str, zone_ids: dict[str, dict[str, str]] | None = None,
-                 offerings: dict[tuple[str, str], tuple[str, ...]] | None = None):
+                 offerings: dict[tuple[str, str], tuple[str, ...]] | None = None,
+                 p_instance_quotas: dict[str, float] | None = None,
+                 addon_versions: dict[tuple[str, str], str] | None = None,
+                 caller_role: str = EXAMPLE_CALLER_ROLE, clusters: tuple[str, ...] = ()):
         self.region = region
         self.registrations: list[Registration] = []
         self.zone_ids = EXAMPLE_ZONE_IDS if zone_ids is None else zone_ids
         """How the AZ invokes answer: region -> AZ name -> zone id."""
         self.offerings = EXAMPLE_OFFERINGS if offerings is None else offerings
         """How the offerings invoke answers: (region, instance type) -> AZ names."""
+        self.p_instance_quotas = EXAMPLE_P_INSTANCE_QUOTAS if p_instance_quotas is None else p_instance_quotas
+        """How the quota invoke answers: region -> P-instance vCPUs."""
+        self.addon_versions = example_addon_versions() if addon_versions is None else addon_versions
+        """How the add-on version invoke answers: (add-on, Kubernetes version) -> newest build."""
+        self.caller_role = caller_role
+        """The role behind the caller's session (``get_session_context``'s issuer)."""
+        self.clusters = clusters
+        """EKS clusters that exist in the region (none: every run creates its cluster)."""
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         inputs = dict(args.inputs)
@@ -174,7 +207,21 @@ class AwsLikeMocks(pulumi.runtime.Mocks):
         if args.token == "aws:ecr/getAuthorizationToken:getAuthorizationToken":
             return {"userName": "AWS", "password": "ecr-password-secret", "proxyEndpoint": "https://ecr"}
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-            return {"accountId": FAKE_ACCOUNT, "arn": "arn", "userId": "user"}
+            role = self.caller_role.rsplit("/", 1)[-1]
+            return {"accountId": FAKE_ACCOUNT, "arn": f"arn:aws:sts::{FAKE_ACCOUNT}:assumed-role/{role}/session",
+                    "userId": "AROAEXAMPLE:session"}
+        if args.token == "aws:iam/getSessionContext:getSessionContext":
+            return {"arn": args.args["arn"], "issuerArn": self.caller_role,
+                    "issuerName": self.caller_role.rsplit("/", 1)[-1], "sessionName": "session"}
+        if args.token == "aws:eks/getClusters:getClusters":
+            return {"names": list(self.clusters), "id": self.region}
+        if args.token == "aws:servicequotas/getServiceQuota:getServiceQuota":
+            region = args.args.get("region") or self.region
+            return {"value": self.p_instance_quotas.get(region, 0.0), "quotaCode": args.args["quotaCode"],
+                    "serviceCode": args.args["serviceCode"], "id": region}
+        if args.token == "aws:eks/getAddonVersion:getAddonVersion":
+            key = (args.args["addonName"], args.args["kubernetesVersion"])
+            return {**args.args, "version": self.addon_versions[key], "id": args.args["addonName"]}
         if args.token == "aws:index/getRegion:getRegion":
             return {"region": self.region, "name": self.region}
         if args.token == "aws:index/getAvailabilityZones:getAvailabilityZones":
@@ -189,6 +236,16 @@ class AwsLikeMocks(pulumi.runtime.Mocks):
         return {}
 
 
+def engine_urn(parent: str, type_: str, name: str, stack: str | None = None) -> str:
+    """A resource's URN as the engine builds it: the parent's whole type chain (the stack's
+    excepted), then the type and the name; ``stack``: the current one. (The SDK's mock keeps only
+    the parent's last type.)"""
+    chain = parent.split("::")[2] if parent else "pulumi:pulumi:Stack"
+    if chain != "pulumi:pulumi:Stack":
+        type_ = f"{chain}${type_}"
+    return f"urn:pulumi:{stack or pulumi.get_stack()}::{pulumi.get_project()}::{type_}::{name}"
+
+
 class NoResourceRefsMonitor(pulumi_mocks.MockMonitor):
     """Resource references to mocked component outputs cannot be rebuilt: turn them off."""
 
@@ -200,12 +257,28 @@ class NoResourceRefsMonitor(pulumi_mocks.MockMonitor):
         super().__init__(mocks)
         self.dependencies: dict[tuple[str, str], list[str]] = {}
         self.delete_before_replace: set[tuple[str, str]] = set()
+        self.identities: dict[tuple[str, str], tuple[str, str, list[str]]] = {}
+        """(type, name) -> URN, parent URN, alias URNs."""
+
+    def make_urn(self, parent: str, type_: str, name: str) -> str:
+        return engine_urn(parent, type_, name)
+
+    def _alias_urn(self, alias, request) -> str:
+        """An alias as the engine resolves it: a URN, or a spec whose unset fields are the resource's own."""
+        if alias.urn:
+            return alias.urn
+        spec = alias.spec
+        parent = "" if spec.noParent else (spec.parentUrn or request.parent)
+        return self.make_urn(parent, spec.type or request.type, spec.name or request.name)
 
     def RegisterResource(self, request):
         # The engine's view of ordering: what this resource waits for, as resource names.
-        self.dependencies[(request.type, request.name)] = [urn.split("::")[-1] for urn in request.dependencies]
+        key = (request.type, request.name)
+        self.dependencies[key] = [urn.split("::")[-1] for urn in request.dependencies]
         if request.deleteBeforeReplace:
-            self.delete_before_replace.add((request.type, request.name))
+            self.delete_before_replace.add(key)
+        self.identities[key] = (self.make_urn(request.parent, request.type, request.name), request.parent,
+                                [self._alias_urn(a, request) for a in request.aliases])
         return super().RegisterResource(request)
 
 
@@ -241,6 +314,8 @@ def run_program(config: dict[str, Any], stack: str = "test", mocks: AwsLikeMocks
     for registration in recording.resources:
         registration.dependencies = monitor.dependencies.get((registration.type, registration.name), [])
         registration.delete_before_replace = (registration.type, registration.name) in monitor.delete_before_replace
+        registration.urn, registration.parent, registration.aliases = monitor.identities[
+            (registration.type, registration.name)]
     return recording
 
 
@@ -331,7 +406,7 @@ def write_manifests(recording: Recording, out: Path) -> list[Path]:
         written.append(path)
     for r in recording.of_type("kubernetes:helm.sh/v3:Release"):
         path = out / f"helm-{r.name}.yaml"
-        release = masked({k: r.inputs.get(k) for k in ("chart", "version", "repositoryOpts", "namespace", "values")})
+        release = masked({k: r.inputs.get(k) for k in ("chart", "version", "namespace", "values")})
         path.write_text(yaml.safe_dump(release, sort_keys=False))
         written.append(path)
     return written

@@ -46,17 +46,20 @@ def pod_identity_role(
     inline: pulumi.Input[str] | None = None,
     parent: pulumi.Resource,
     ready: Sequence[pulumi.Resource] = (),
+    aliases: Sequence[pulumi.Alias] = (),
 ) -> tuple[aws.iam.Role, list[pulumi.Resource]]:
     """A role for ``(namespace, service account)`` with a managed policy, an inline policy
     (``inline_policy``), or both: the least each workload needs.
 
     Returns the role and what the workload using the account must wait for (the policies and the
-    association). ``ready``: what the association waits for (the Pod Identity agent). Children are
+    association). ``ready``: what the association waits for (the Pod Identity agent); ``aliases``:
+    what the role and the association were known by (the policies follow their role). Children are
     named ``<name>-role``, ``<name>-policy`` (managed), ``<name>-inline``, ``<name>-pod-identity``.
     """
     if policy_arn is None and inline is None:
         raise ValueError(f"{name}: a Pod Identity role without a policy grants nothing; create none")
-    role = aws.iam.Role(f"{name}-role", assume_role_policy=POD_IDENTITY_TRUST, opts=pulumi.ResourceOptions(parent=parent))
+    role = aws.iam.Role(f"{name}-role", assume_role_policy=POD_IDENTITY_TRUST,
+                        opts=pulumi.ResourceOptions(parent=parent, aliases=list(aliases)))
     policies: list[pulumi.Resource] = []
     if policy_arn is not None:
         policies.append(aws.iam.RolePolicyAttachment(
@@ -73,6 +76,6 @@ def pod_identity_role(
         namespace=namespace,
         service_account=account,
         role_arn=role.arn,
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=list(ready)),
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=list(ready), aliases=list(aliases)),
     )
     return role, [*policies, association]

@@ -11,14 +11,30 @@ is raised at once in one ``SettingsError``, as the parse does:
   ``availability-zone``) lists the AZs of the region that offer the profile's instance type; a
   GPU AZ without it fails only when the node group launches.
 
+- **GPU quota.** ``aws.servicequotas.get_service_quota`` reads "Running On-Demand P instances"
+  (``L-417A185B``, vCPUs of every running P instance of the region). A plain on-demand GPU group
+  whose ``desiredSize`` x the profile's vCPUs exceeds it fails only after EKS, NAT gateways and
+  FSx already bill: refused. Warnings: a ``maxSize`` beyond it, and a reservation or capacity-block
+  group beyond it (how reserved launches count against this quota is not confirmed here).
+- **The deploying identity in the access lists.** EKS gives the identity that creates a cluster
+  an access entry of its own; one of ours for the same role fails with 409
+  (ResourceInUseException, pulumi/pulumi-eks#2373). ``aws.get_caller_identity`` and
+  ``aws.iam.get_session_context`` give the role behind the caller's session; while the cluster
+  does not exist yet (``aws.eks.get_clusters``), that role in ``cluster.adminRoleArns`` or
+  ``viewerRoleArns`` is refused.
+- **Add-on pins.** ``aws.eks.get_addon_version(most_recent=True)`` gives the newest build EKS
+  offers of each add-on for the cluster's Kubernetes version; a pin newer than that does not
+  exist for the version and CreateAddon would fail after the cluster is up.
+
 And a warning, no error: a Kubernetes version past (or within 30 days of) its EKS standard
 support end (``versions.standard_support_warning``).
 
-Under mocks (components/offline.py) the invokes are answered from an example table.
+Under mocks (components/offline.py) the invokes are answered from example tables.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import date
 
 import pulumi
@@ -76,19 +92,114 @@ def zone_problems(settings: Settings, ids: dict[str, str], offered: list[str]) -
     return problems
 
 
-def preflight(settings: Settings, today: date | None = None) -> None:
-    """Ask the account, raise one ``SettingsError`` with every zone problem, warn on the version.
+ON_DEMAND_P_QUOTA = "L-417A185B"
+"""Service Quotas code of EC2's "Running On-Demand P instances" (vCPUs, per region)."""
 
-    Only for a cluster this stack creates: an existing cluster's zones are already chosen.
+
+def gpu_vcpu_quota(region: str) -> float:
+    """This account's "Running On-Demand P instances" quota in ``region``, vCPUs."""
+    return aws.servicequotas.get_service_quota(service_code="ec2", quota_code=ON_DEMAND_P_QUOTA,
+                                               region=region or None).value
+
+
+def quota_problems(settings: Settings, quota_vcpus: float) -> tuple[list[Problem], list[Problem]]:
+    """(problems, warnings) of the GPU group against the P-instance vCPU quota (pure)."""
+    g, vcpus = settings.gpu_nodes, settings.profile.vcpus
+    ask = (f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code "
+           f"{ON_DEMAND_P_QUOTA} --desired-value <vCPUs> --region {settings.region}")
+    have = f"the account's Running On-Demand P instances quota in {settings.region} is {quota_vcpus:g} vCPUs"
+    need = g.desired_size * vcpus
+    if g.capacity_reservation_id is not None:
+        if need > quota_vcpus:
+            return [], [Problem("gpuNodes.desiredSize", g.desired_size,
+                                f"{g.desired_size} x {settings.profile.instance_type} is {need} vCPUs and {have}; "
+                                "launches into your reservation may count against it (not confirmed here): "
+                                f"if the nodes do not come, {ask}")]
+        return [], []
+    if need > quota_vcpus:
+        return [Problem("gpuNodes.desiredSize", g.desired_size,
+                        f"{g.desired_size} x {settings.profile.instance_type} needs {need} vCPUs and {have} "
+                        f"(other running P instances use it too): lower gpuNodes.desiredSize, or {ask} "
+                        "(approval takes hours to days), or use a reservation (gpuNodes.capacityReservationId)")], []
+    if g.max_size * vcpus > quota_vcpus:
+        return [], [Problem("gpuNodes.maxSize", g.max_size,
+                            f"{g.max_size} x {settings.profile.instance_type} needs {g.max_size * vcpus} vCPUs and "
+                            f"{have}: the group cannot grow that far ({ask})")]
+    return [], []
+
+
+def caller_role_arn() -> str:
+    """The IAM role (or user) ARN behind this deployment's credentials: the session's issuer."""
+    caller = aws.get_caller_identity()
+    return aws.iam.get_session_context(arn=caller.arn).issuer_arn
+
+
+def cluster_exists(name: str, region: str) -> bool:
+    return name in (aws.eks.get_clusters(region=region or None).names or [])
+
+
+def _role_key(arn: str) -> tuple[str, str]:
+    """Account and role name (the last path element: unique within an account, whatever the path)."""
+    return arn.split(":")[4], arn.rsplit("/", 1)[-1]
+
+
+def creator_access_problems(settings: Settings, caller_arn: str) -> list[Problem]:
+    """The caller, about to create the cluster, listed for an access entry of ours (pure)."""
+    c = settings.cluster
+    return [
+        Problem(key, arn, f"the role this deployment runs as ({caller_arn}): EKS gives the cluster's creator an "
+                          "admin access entry of its own, and a second entry for it fails with 409 "
+                          "(ResourceInUseException). Remove it from the list; your teammates' roles can stay")
+        for key, arns in (("cluster.adminRoleArns", c.admin_role_arns), ("cluster.viewerRoleArns", c.viewer_role_arns))
+        for arn in arns if ":role/" in caller_arn and _role_key(arn) == _role_key(caller_arn)
+    ]
+
+
+def newest_addon_versions(kubernetes_version: str, region: str) -> dict[str, str]:
+    """Add-on name -> the newest build EKS offers for ``kubernetes_version``, for every pinned add-on."""
+    return {
+        addon: aws.eks.get_addon_version(addon_name=addon, kubernetes_version=kubernetes_version,
+                                         most_recent=True, region=region or None).version
+        for addon in versions.EKS_ADDONS[kubernetes_version]
+    }
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    """``v1.6.2-eksbuild.1`` -> (1, 6, 2, 1)."""
+    return tuple(int(n) for n in re.findall(r"\d+", version))
+
+
+def addon_pin_problems(kubernetes_version: str, newest: dict[str, str]) -> list[Problem]:
+    """Pins of ``kubernetes_version`` newer than the newest build EKS offers for it (pure)."""
+    return [
+        Problem("cluster.kubernetesVersion", kubernetes_version,
+                f"components/versions.py pins {addon} {pin}, which EKS does not offer for Kubernetes "
+                f"{kubernetes_version} (its newest: {newest[addon]}); pin a build from `aws eks "
+                f"describe-addon-versions --kubernetes-version {kubernetes_version} --addon-name {addon}`")
+        for addon, pin in versions.EKS_ADDONS[kubernetes_version].items()
+        if _version_key(pin) > _version_key(newest[addon])
+    ]
+
+
+def preflight(settings: Settings, today: date | None = None) -> None:
+    """Ask the account, raise one ``SettingsError`` with every problem found, warn on the rest.
+
+    Only for a cluster this stack creates: an existing cluster's zones, nodes and add-ons are
+    already chosen.
     """
-    if settings.creates_cluster:
-        problems = zone_problems(
-            settings,
-            zone_ids(settings.region),
-            offering_zones(settings.profile.instance_type, settings.region),
-        )
-        if problems:
-            raise SettingsError(settings.stack, problems)
-        warning = versions.standard_support_warning(settings.cluster.kubernetes_version, today or date.today())
-        if warning:
-            pulumi.log.warn(f"cluster.kubernetesVersion: {warning}")
+    if not settings.creates_cluster:
+        return
+    region, version = settings.region, settings.cluster.kubernetes_version
+    problems = zone_problems(settings, zone_ids(region), offering_zones(settings.profile.instance_type, region))
+    quota, warnings = quota_problems(settings, gpu_vcpu_quota(region))
+    problems += quota
+    if not cluster_exists(settings.name, region):
+        problems += creator_access_problems(settings, caller_role_arn())
+    problems += addon_pin_problems(version, newest_addon_versions(version, region))
+    if problems:
+        raise SettingsError(settings.stack, problems)
+    for warning in warnings:
+        pulumi.log.warn(str(warning))
+    support = versions.standard_support_warning(version, today or date.today())
+    if support:
+        pulumi.log.warn(f"cluster.kubernetesVersion: {support}")

@@ -36,21 +36,6 @@ TOOL_PATHS = {"helm": TOOLS_DIR / "helm" / "helm", "kubectl": TOOLS_DIR / "kubec
               "checkov": TOOLS_DIR / "checkov" / "bin" / "checkov"}
 """Where ``.ci/fetch-tools`` installs each tool."""
 
-SUBCHART_STANDINS: dict[str, dict[str, dict[str, Any]]] = {
-    "kube-prometheus-stack-88.5.3": {
-        # The subcharts' own defaults that the parent's templates read (templates/prometheus/
-        # clusterrole.yaml: `(index .Values "<subchart>").kubeRBACProxy.enabled`); false in both.
-        "kube-state-metrics": {"kubeRBACProxy": {"enabled": False}},
-        "prometheus-node-exporter": {"kubeRBACProxy": {"enabled": False}},
-        "grafana": {},
-        "prometheus-windows-exporter": {},
-    },
-}
-"""Vendored charts whose subcharts are missing (components/charts/PROVENANCE.md): chart folder ->
-subchart -> the default values the parent reads. Each is rendered as an empty chart of that name
-and version, so the parent renders whole and the subcharts' own objects are absent."""
-
-
 class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     """YAML 1.1 reads a bare ``=`` (a CRD enum value) as the ``value`` tag: keep it a string."""
 
@@ -104,33 +89,12 @@ def _helm_home() -> dict[str, str]:
 
 
 def chart_dir(chart: str, version: str) -> Path:
-    """The vendored folder of a release's chart (``./components/charts/<folder>``, or a chart from a
-    repository by name and version), with stand-ins for any missing subcharts."""
-    folder = ROOT / chart if chart.startswith("./") else ROOT / versions.CHARTS_DIR / f"{chart}-{version}"
-    if not (folder / "Chart.yaml").is_file():
-        raise FileNotFoundError(f"{chart} {version}: no vendored chart at {folder}; the tests render only vendored charts")
-    return _with_standins(folder.resolve())
-
-
-@functools.cache
-def _with_standins(folder: Path) -> Path:
-    standins = SUBCHART_STANDINS.get(folder.name)
-    if not standins:
-        return folder
-    copy = Path(tempfile.mkdtemp(prefix="fsdp-eks-chart-")) / folder.name
-    shutil.copytree(folder, copy)
-    wanted = {d["name"]: d for d in yaml.safe_load((folder / "Chart.yaml").read_text())["dependencies"]}
-    for name, values in standins.items():
-        sub = copy / "charts" / name
-        if sub.exists():
-            raise RuntimeError(f"{folder.name}: subchart {name} is vendored now; drop its stand-in")
-        (sub / "templates").mkdir(parents=True)
-        version = wanted[name]["version"].replace("*", "0")
-        (sub / "Chart.yaml").write_text(yaml.safe_dump({"apiVersion": "v2", "name": name, "version": version}))
-        (sub / "values.yaml").write_text(yaml.safe_dump(values))
-        (sub / "templates" / "_helpers.tpl").write_text(
-            f'{{{{- define "{name}.fullname" -}}}}{{{{ .Release.Name }}}}-{name}{{{{- end }}}}\n')
-    return copy
+    """The vendored folder of a release's chart (``./components/charts/<chart>-<version>``)."""
+    folder = ROOT / chart
+    if not chart.startswith("./") or not (folder / "Chart.yaml").is_file():
+        raise FileNotFoundError(f"{chart} {version}: no vendored chart at {folder}; "
+                                "the tests render only vendored charts")
+    return folder.resolve()
 
 
 def helm_template(folder: Path, release: str, namespace: str, values: dict[str, Any], kube_version: str) -> str:
@@ -189,8 +153,6 @@ def write_rendered(rendered: list[Rendered], out: Path) -> list[Path]:
     written = []
     for r in rendered:
         path = out / f"{r.source}.yaml"
-        missing = SUBCHART_STANDINS.get(Path(r.chart).name)
-        note = f"; without the subcharts {', '.join(missing)} (not vendored)" if missing else ""
-        path.write_text(f"# {r.source}: {r.chart}, {len(r.objects)} objects (offline render{note})\n{r.text}")
+        path.write_text(f"# {r.source}: {r.chart}, {len(r.objects)} objects (offline render)\n{r.text}")
         written.append(path)
     return written

@@ -85,7 +85,11 @@ class ClusterSettings:
     """EKS upgrade policy at the end of standard support: ``STANDARD`` (EKS upgrades the cluster)
     or ``EXTENDED`` (stays, at about 6x the control-plane price). pulumi-eks defaults to EXTENDED."""
     log_retention_days: int = 30
-    """Days CloudWatch keeps the control-plane logs (``/aws/eks/<cluster>/cluster``); 0 keeps them forever."""
+    """Days CloudWatch keeps the control-plane logs (``/aws/eks/<cluster>/cluster``) and Container
+    Insights' log groups; 0 keeps them forever."""
+    audit_log: bool = False
+    """Also send the control plane's ``audit`` log to CloudWatch: every API request, the largest
+    of its streams (billed per GB ingested). ``api`` and ``authenticator`` are always on."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,23 +112,37 @@ class GpuNodeSettings:
     """Root EBS volume; container images of CUDA stacks are large."""
     secondary_interface_type: SecondaryInterfaceType = "efa-only"
     """Interface type of network cards 1..N: ``efa-only`` saves IPs (VPC CNI >= 1.18.4)."""
-    auto_repair: bool = True
+    auto_repair: bool = False
     """EKS node auto repair: replace (or reboot) a GPU node that the node monitoring agent or
-    the kubelet reports unhealthy (GPU Xid/NVLink errors, EFA, kernel, disk, NotReady)."""
+    the kubelet reports unhealthy (GPU Xid/NVLink errors, EFA, kernel, disk, NotReady). Off by
+    default: the agent's DCGM condition latches (a host-engine outage of a minute, a dcgm-server
+    restart, leaves ``AcceleratedHardwareReady=False`` until the agent's pod restarts:
+    aws/eks-node-monitoring-agent #266, fix #275 unreleased), and a repair then terminates a
+    healthy GPU node, whose on-demand replacement may find no capacity. The alert
+    ``GpuNodeAcceleratedHardwareNotReady`` pages a person instead."""
+
+    placement_group_name: str | None = None
+    """An existing placement group to launch into: the one an On-Demand Capacity Reservation was
+    made in (a reservation in a cluster placement group serves only launches into that group),
+    or a cluster placement group of your own for on-demand nodes."""
 
     @property
     def placement_group(self) -> bool:
-        """A cluster placement group only for plain on-demand capacity.
+        """Create a cluster placement group of ours: only for plain on-demand capacity, and only
+        when ``placement_group_name`` names none.
 
         With a reservation or capacity block, a placement group the reservation was not made in
         makes launches fail with InsufficientInstanceCapacity (eksctl #7949).
         """
-        return self.capacity_reservation_id is None
+        return self.capacity_reservation_id is None and self.placement_group_name is None
 
 
 STACK_OWNED_TRAINING_FIELDS = ("checkpoint_dir", "output_dir", "cache_dir", "metrics_port",
-                               "metrics_file")
-"""Training flags the stack sets itself (where the pod's volumes and ports are); not stack keys."""
+                               "metrics_file", "node_check_gpus", "node_check_efa",
+                               "node_check_min_shm_gib", "node_check_min_busbw_gbs",
+                               "node_check_min_node_busbw_gbs")
+"""Training flags the stack sets itself (where the pod's volumes and ports are, what the node
+check must find: the pod's devices and the profile's thresholds); not stack keys."""
 
 DATASET_DEFAULTS: dict[str, Any] = {
     "dataset": "knkarthick/samsum",

@@ -155,7 +155,8 @@ def _parse_training(raw: Mapping[str, Any], problems: list[Problem]) -> training
         name = snake(raw_key)
         if name in STACK_OWNED_TRAINING_FIELDS:
             problems.append(Problem(f"job.{raw_key}", value,
-                                    "set by the stack (the pod's volumes and ports): remove it"))
+                                    "set by the stack (the pod's volumes and ports, the node check's "
+                                    "thresholds from the profile): remove it"))
             continue
         coerced = _coerce(value, hints[name], f"job.{raw_key}", problems)
         if coerced is not None or _null_allowed(value, hints[name]):

@@ -102,6 +102,10 @@ LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 
 """What CloudWatch Logs accepts as a log group's retention (PutRetentionPolicy ``retentionInDays``)."""
 
 
+PLACEMENT_GROUP_NAME = re.compile(r"[\x21-\x7e][\x20-\x7e]{0,254}")
+"""An EC2 placement group name: up to 255 ASCII characters (CreatePlacementGroup ``GroupName``)."""
+
+
 def _gpu_node_rules(s: Settings) -> list[Problem]:
     if not s.creates_cluster:
         return []
@@ -131,6 +135,11 @@ def _gpu_node_rules(s: Settings) -> list[Problem]:
             Problem("gpuNodes.capacityReservationId", None,
                     "gpuNodes.capacityBlock needs the capacity block's reservation id (cr-...)")
         )
+    pg = g.placement_group_name
+    if pg is not None and not PLACEMENT_GROUP_NAME.fullmatch(pg):
+        problems.append(Problem("gpuNodes.placementGroupName", pg,
+                                "give the placement group's name (1-255 ASCII characters; "
+                                "aws ec2 describe-placement-groups lists them)"))
     if g.root_volume_gib < 200:
         problems.append(Problem("gpuNodes.rootVolumeGiB", g.root_volume_gib,
                                 "use at least 200: CUDA training images are tens of GB"))

@@ -34,10 +34,18 @@ def gpu_nodes_command(profile_instance_type: str) -> str:
     )
 
 
+def scale_to_zero_command(cluster_name: str, node_group: str, max_size: int, region: str) -> str:
+    """The AWS CLI command that scales the GPU node group to zero nodes (the instances terminate;
+    the next ``pulumi up`` sets the stack file's sizes again)."""
+    return (f"aws eks update-nodegroup-config --cluster-name {cluster_name} --nodegroup-name {node_group} "
+            f"--scaling-config minSize=0,maxSize={max_size},desiredSize=0 --region {region}")
+
+
 def build_stack(settings: Settings) -> dict[str, object]:
-    """Check ``settings`` against the account (``preflight``: zones, instance offerings), then
-    create every component and return the stack outputs: the cluster (new or existing, with its
-    GPU nodes and shared storage), the device plugins, observability, then image, operator, job.
+    """Check ``settings`` against the account (``preflight``: zones, offerings, GPU quota, the
+    deploying role, add-on pins), then create every component and return the stack outputs: the
+    cluster (new or existing, with its GPU nodes and shared storage), the device plugins,
+    observability, then image, operator, job.
 
     Ordering: every in-cluster layer waits for the nodes its pods need (``cluster.ready``: the
     system nodes, CoreDNS, the Pod Identity agent; the device plugins also for the GPU nodes)."""
@@ -112,6 +120,7 @@ def _new_cluster(
             subnet_ids=network.gpu_subnet_ids,
             cluster_security_group_id=cluster.cluster_security_group_id,
             node_role_arn=cluster.node_role.arn,
+            kubernetes_version=settings.cluster.kubernetes_version,
             lustre_client=settings.storage.fsx,
             # Not the whole cluster: the GPU nodes start beside the system nodes, not after
             # CoreDNS (which waits for the system nodes).
@@ -119,6 +128,9 @@ def _new_cluster(
         ),
     )
     outputs["gpu_node_group"] = gpu.node_group_name
+    # The end of every run (README, quickstart): idle GPU nodes bill by the hour (alert GpuNodesIdle).
+    outputs["gpu_scale_to_zero_command"] = gpu.node_group_name.apply(
+        lambda group: scale_to_zero_command(settings.name, group, settings.gpu_nodes.max_size, settings.region))
     if not settings.storage.fsx:
         return cluster, _existing_claim(settings), [gpu.node_group]
     storage = SharedStorage(
@@ -157,7 +169,8 @@ def _observability(
             gpu_instance_type=settings.profile.instance_type,
             eks=(
                 EksAddonTarget(cluster_name=cluster.cluster_name,
-                               kubernetes_version=settings.cluster.kubernetes_version)
+                               kubernetes_version=settings.cluster.kubernetes_version,
+                               log_retention_days=settings.cluster.log_retention_days)
                 if settings.creates_cluster
                 else None
             ),
@@ -205,6 +218,8 @@ def _training(
         "job_status_command": job.commands["job_status_command"],
         "job_logs_command": job.commands["job_logs_command"],
         "job_delete_command": job.commands["job_delete_command"],
+        "node_check_manifest": job.node_check_manifest,
+        "node_check_command": job.commands["node_check_command"],
     }
 
 

@@ -34,7 +34,7 @@ tools (``lctl``); aws-fsx-csi-driver #436 reports the resulting upcall errors as
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +44,7 @@ import pulumi_kubernetes as k8s
 
 from components import versions
 from components.cluster import SYSTEM_NODE_LABEL
-from components.gpu_nodes import GPU_TOLERATION
+from components.gpu_nodes import GPU_TOLERATION, LUSTRE_READY_LABEL
 from components.helm import helm_release
 from components.settings import StorageSettings
 
@@ -135,6 +135,8 @@ class SharedClaim:
     """The claim to create with the job (``claim_manifest``); None: it exists already."""
     ready: Sequence[pulumi.Resource] = ()
     """What the claim waits for: the volume it binds to and the driver that mounts it."""
+    node_labels: Mapping[str, str] = field(default_factory=dict)
+    """Labels a node must carry to mount it (FSx: its Lustre client loaded, ``LUSTRE_READY_LABEL``)."""
 
 
 # --------------------------------------------------------------------------- the component
@@ -179,6 +181,7 @@ class SharedStorage(pulumi.ComponentResource):
                 capacity_gib=args.settings.fsx_storage_capacity_gib,
             ),
             ready=[self.volume, self.csi_driver],
+            node_labels=LUSTRE_READY_LABEL,
         )
         self.register_outputs(
             {

@@ -82,7 +82,8 @@ SHARED_DIR = "/fsx"
 """Where a shared claim is mounted; the run's checkpoints go to ``<SHARED_DIR>/runs/<run>``."""
 HF_HOME = f"{NVME}/huggingface"
 NCCL_TRACE_PREFIX = f"{RUN_DIR}/nccl_trace_rank_"
-SHM_SIZE = "64Gi"
+SHM_GIB = 64
+SHM_SIZE = f"{SHM_GIB}Gi"
 NCCL_TRACE_BUFFER_SIZE = 2000
 """Flight-recorder entries kept per process (collectives in flight when a hang is dumped)."""
 CPU_PER_GPU = 8
@@ -130,6 +131,13 @@ PREPARE_SECURITY = {
 LABELS = {"app.kubernetes.io/name": "fsdp-finetune", "app.kubernetes.io/part-of": "fsdp-eks",
           "app.kubernetes.io/component": "training"}
 """On every run's pods, so one PodMonitor scrapes every run."""
+CHECK_LABELS = {"app.kubernetes.io/component": "node-check"}
+"""What the node check job's objects carry instead of the training component."""
+NODE_CHECK_NAME = "node-check"
+NODE_CHECK_GRACE_S = 900
+"""Seconds the node check command waits beyond the check's own limit: scheduling, the image
+pull, the rendezvous."""
+NODE_CHECK_POLL_S = 10
 
 
 # --------------------------------------------------------------------------- the pure builders
@@ -148,15 +156,35 @@ def efa_per_node(job: JobSettings, profile: HardwareProfile) -> int:
     return profile.efa_interfaces if job.efa_per_node is None else job.efa_per_node
 
 
-def training_command(job: JobSettings, data_dir: str = RUN_DIR) -> list[str]:
+def node_check_thresholds(job: JobSettings, profile: HardwareProfile) -> dict[str, object]:
+    """What the node check must find (training/node_check.py): the GPUs and EFA devices the pod
+    requests, the pod's /dev/shm, and the profile's bus bandwidth floors (components/hardware.py):
+    over all ranks the EFA floor when the job may span nodes (scaled to the EFA interfaces
+    requested; none without EFA: sockets are what was asked for), else the NVLink floor."""
+    efa = efa_per_node(job, profile)
+    multi_node = job_node_bounds(job)[1] > 1
+    efa_floor = round(profile.min_efa_busbw_gbs * efa / profile.efa_interfaces, 1)
+    return {
+        "node_check_gpus": gpus_per_node(job, profile),
+        "node_check_efa": efa,
+        "node_check_min_shm_gib": float(SHM_GIB),
+        "node_check_min_busbw_gbs": efa_floor if multi_node else profile.min_node_busbw_gbs,
+        "node_check_min_node_busbw_gbs": profile.min_node_busbw_gbs,
+    }
+
+
+def training_command(job: JobSettings, profile: HardwareProfile, data_dir: str = RUN_DIR,
+                     module: str = "training.finetune") -> list[str]:
     """``torchrun -m training.finetune`` and the package's flags (its CLI contract).
 
     The flags come from the package's own config (``training.config.to_argv``): the job's
     training settings plus what the stack owns (checkpoint and export directories on the run's
-    storage with the metrics JSONL, the Hugging Face cache on NVMe, the metrics port). No torchrun flag: nodes,
-    processes per node, rendezvous and restarts come from the operator's ``PET_*`` environment.
-    The Hugging Face token is read from ``HF_TOKEN`` only.
-    ``data_dir``: the run's directory for checkpoints and the exported model.
+    storage with the metrics JSONL, the Hugging Face cache on NVMe, the metrics port, the node
+    check's thresholds). No torchrun flag: nodes, processes per node, rendezvous and restarts
+    come from the operator's ``PET_*`` environment. The Hugging Face token is read from
+    ``HF_TOKEN`` only.
+    ``data_dir``: the run's directory for checkpoints and the exported model; ``module``:
+    ``training.node_check`` runs only the check, with the same flags.
     """
     config = training_config.from_fields({
         **training_config.flat(job.training),
@@ -165,8 +193,9 @@ def training_command(job: JobSettings, data_dir: str = RUN_DIR) -> list[str]:
         "cache_dir": HF_HOME,
         "metrics_port": METRICS_PORT,
         "metrics_file": f"{data_dir}/metrics.jsonl",
+        **node_check_thresholds(job, profile),
     })
-    return ["torchrun", "-m", "training.finetune", *training_config.to_argv(config)]
+    return ["torchrun", "-m", module, *training_config.to_argv(config)]
 
 
 def _env(job: JobSettings, hf_secret: str | None) -> list[dict]:
@@ -185,6 +214,8 @@ def _env(job: JobSettings, hf_secret: str | None) -> list[dict]:
         {"name": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "value": NCCL_TRACE_PREFIX},
         {"name": "NCCL_DEBUG", "value": "INFO"},
         {"name": "HF_HOME", "value": HF_HOME},
+        # The node check names nodes as Kubernetes does (the pod's host name is the pod's).
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         # torchrun otherwise shares its rendezvous TCP store with the workers, and a restarted
         # group can read the previous attempt's addresses (pytorch/pytorch#135712, reproduced
         # in tests/training/test_faults.py).
@@ -196,7 +227,9 @@ def _env(job: JobSettings, hf_secret: str | None) -> list[dict]:
 
 
 def _pod_template(
-    job: JobSettings, profile: HardwareProfile, image: str, hf_secret: str | None, shared_claim: str | None = None
+    job: JobSettings, profile: HardwareProfile, image: str, hf_secret: str | None, shared_claim: str | None = None,
+    module: str = "training.finetune",
+    node_labels: Mapping[str, str] | None = None,
 ) -> dict:
     gpus = gpus_per_node(job, profile)
     # Checkpoints and the exported model: the run's directory on the shared claim, else on NVMe.
@@ -212,7 +245,7 @@ def _pod_template(
         "name": CONTAINER,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": training_command(job, data_dir),
+        "command": training_command(job, profile, data_dir, module),
         "env": _env(job, hf_secret),
         "ports": ports,
         "securityContext": dict(WORKER_SECURITY["container"]),
@@ -250,7 +283,7 @@ def _pod_template(
     return {
         "metadata": {"labels": {**LABELS, RUN_LABEL: RUN}},
         "spec": {
-            "nodeSelector": {"node.kubernetes.io/instance-type": profile.instance_type},
+            "nodeSelector": {"node.kubernetes.io/instance-type": profile.instance_type, **(node_labels or {})},
             "tolerations": [dict(GPU_TOLERATION)],
             "securityContext": dict(WORKER_SECURITY["pod"]),
             # Nothing in the pod calls the Kubernetes API: no service-account token to steal.
@@ -296,36 +329,47 @@ def pytorchjob_manifest(
     rdzv_host: str | None,
     hf_secret: str | None,
     shared_claim: str | None = None,
+    node_labels: Mapping[str, str] | None = None,
+    check_only: bool = False,
 ) -> dict:
     """The whole PyTorchJob object. Deterministic: equal inputs give an equal object and name.
 
     ``rdzv_host`` is the etcd Service's DNS name (None with ``c10d``); ``hf_secret`` the name of
     the Secret holding the Hugging Face token (None: no token); ``shared_claim`` the claim every
-    worker mounts for checkpoints and the exported model (None: node-local NVMe).
+    worker mounts for checkpoints and the exported model (None: node-local NVMe), ``node_labels``
+    what a node needs to mount it (``SharedClaim.node_labels``).
+    ``check_only``: the one-off job of the node check command (``training.node_check`` with the
+    job's flags, named ``node-check-<hash>``, no restart, not scraped).
     """
+    restarts = 0 if check_only else job.max_restarts
+    template = _pod_template(job, profile, image, hf_secret, shared_claim,
+                             "training.node_check" if check_only else "training.finetune", node_labels)
+    if check_only:  # the PodMonitor selects the training pods' labels: not these
+        template["metadata"]["labels"].update(CHECK_LABELS)
     body = {
         "apiVersion": API_VERSION,
         "kind": KIND,
-        "metadata": {"name": RUN, "namespace": namespace, "labels": dict(LABELS)},
+        "metadata": {"name": RUN, "namespace": namespace,
+                     "labels": {**LABELS, **(CHECK_LABELS if check_only else {})}},
         "spec": {
-            "elasticPolicy": _elastic_policy(job, rdzv_host),
+            "elasticPolicy": {**_elastic_policy(job, rdzv_host), "maxRestarts": restarts},
             "nprocPerNode": str(gpus_per_node(job, profile)),
             "runPolicy": {
                 # Running pods of a finished or failed job go (freeing GPUs); finished pods stay
                 # for their logs. A crash-looping worker fails the job after maxRestarts.
                 "cleanPodPolicy": "Running",
-                "backoffLimit": job.max_restarts,
+                "backoffLimit": restarts,
             },
             "pytorchReplicaSpecs": {
                 "Worker": {
                     "replicas": job.nodes,
-                    "restartPolicy": "OnFailure",
-                    "template": _pod_template(job, profile, image, hf_secret, shared_claim),
+                    "restartPolicy": "Never" if check_only else "OnFailure",
+                    "template": template,
                 }
             },
         },
     }
-    name = run_name(job.training.model.model, body)
+    name = run_name(NODE_CHECK_NAME if check_only else job.training.model.model, body)
     return json.loads(json.dumps(body).replace(RUN, name))
 
 
@@ -346,6 +390,25 @@ def pod_monitor_manifest(namespace: str) -> dict:
 def hf_secret_metadata(namespace: str) -> dict:
     """Metadata of the Secret holding the Hugging Face token (its data is a Pulumi secret)."""
     return {"name": HF_SECRET, "namespace": namespace, "labels": dict(LABELS)}
+
+
+def node_check_command(namespace: str, name: str, max_nodes: int, timeout_s: int) -> str:
+    """Create the one-off node check job from the stack output ``node_check_manifest``, wait until
+    it succeeded or failed, print rank 0's table, the job's end state, and delete the job (its
+    report stays in its run directory's metrics.jsonl). The GPUs must be free: its pods wait
+    while a training job holds them."""
+    job = f"kubectl -n {namespace} get pytorchjob {name}"
+    finished = job + " -o jsonpath='{.status.conditions[?(@.status==\"True\")].type}'"
+    polls = (timeout_s + NODE_CHECK_GRACE_S) // NODE_CHECK_POLL_S
+    return (
+        "pulumi stack output node_check_manifest --json | kubectl create -f - && "
+        f"for _ in $(seq {polls}); do {finished} | grep -qE 'Succeeded|Failed' && break; "
+        f"sleep {NODE_CHECK_POLL_S}; done; "
+        f"kubectl -n {namespace} logs -l {RUN_LABEL}={name} -c {CONTAINER} --tail=-1 "
+        f"--max-log-requests={max_nodes} | grep -F '[rank 0]'; "
+        f"{job} -o jsonpath='{{.status.conditions[-1].type}}{{\"\\n\"}}'; "
+        f"kubectl -n {namespace} delete pytorchjob {name}"
+    )
 
 
 def kubectl_commands(namespace: str, name: str, max_nodes: int) -> dict[str, str]:
@@ -414,14 +477,20 @@ class TrainingJob(pulumi.ComponentResource):
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )
-        self.manifest = pulumi.Output.from_input(args.image).apply(
-            lambda image: pytorchjob_manifest(
+        def render(image: str, check_only: bool) -> dict:
+            return pytorchjob_manifest(
                 args.job, args.profile, image=image, namespace=ns,
                 rdzv_host=self.rendezvous.host if self.rendezvous else None,
                 hf_secret=HF_SECRET if self.hf_secret else None,
                 shared_claim=args.shared.name if args.shared else None,
+                node_labels=args.shared.node_labels if args.shared else None,
+                check_only=check_only,
             )
-        )
+
+        image = pulumi.Output.from_input(args.image)
+        self.manifest = image.apply(lambda i: render(i, check_only=False))
+        # Not created: the node check command creates it on demand (a stack output).
+        self.node_check_manifest = image.apply(lambda i: render(i, check_only=True))
         self.shared_claim = self._shared_claim(name, args.shared, in_namespace)
         after = [self.namespace, *args.operator, *([self.hf_secret] if self.hf_secret else []),
                  *([self.rendezvous] if self.rendezvous else []),
@@ -452,8 +521,14 @@ class TrainingJob(pulumi.ComponentResource):
                 ),
             )
         self.job_name = self.manifest.apply(lambda m: m["metadata"]["name"])
-        self.commands = self.job_name.apply(lambda n: kubectl_commands(ns, n, job_node_bounds(args.job)[1]))
-        self.register_outputs({"job_name": self.job_name, "namespace": ns, "commands": self.commands})
+        max_nodes = job_node_bounds(args.job)[1]
+        check_timeout_s = args.job.training.node_check.node_check_timeout_s
+        self.commands = pulumi.Output.all(self.job_name, self.node_check_manifest).apply(
+            lambda a: {**kubectl_commands(ns, a[0], max_nodes),
+                       "node_check_command": node_check_command(
+                           ns, a[1]["metadata"]["name"], max_nodes, check_timeout_s)})
+        self.register_outputs({"job_name": self.job_name, "namespace": ns, "commands": self.commands,
+                               "node_check_manifest": self.node_check_manifest})
 
     def _shared_claim(
         self, name: str, shared: SharedClaim | None, opts: pulumi.ResourceOptions

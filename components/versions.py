@@ -24,10 +24,7 @@ class HelmChart:
     chart: str
     version: str
     repo: str
-    """The Helm repository that publishes it (provenance; the source at deploy time when not vendored)."""
-    vendored: bool = True
-    """``pulumi up`` installs the copy in ``CHARTS_DIR/<chart>-<version>/``, the one the tests render;
-    False: it fetches the chart from ``repo`` at ``version`` (the vendored copy is incomplete)."""
+    """The Helm repository that publishes it (provenance: ``pulumi up`` installs the vendored copy)."""
 
     @property
     def folder(self) -> PurePosixPath:
@@ -47,7 +44,7 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
     # v1.4.2-eksbuild.1 and 1.35's v1.6.2-eksbuild.1 in the public Terraform environment
     # file of the UK MoJ Analytical Platform's clusters at those versions. The agent reads node
     # logs and is not tied to a Kubernetes minor, but EKS lists its builds per version.
-    # For 1.36 none was found: the 1.35 build is inferred, to check with describe-addon-versions.
+    # For 1.36: v1.7.2-eksbuild.1, from a public configuration of a 1.36 cluster (below).
     "1.33": {
         # vpc-cni >= v1.18.4 is needed for `efa-only` network interfaces.
         "vpc-cni": "v1.20.1-eksbuild.3",
@@ -82,7 +79,10 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
     # 1.36: vpc-cni, coredns, kube-proxy, pod identity agent and EBS CSI as a public Terraform
     # module pins them for an EKS 1.36 cluster (eks_version "1.36", 2026); CloudWatch: the
     # 1.35 pin, assumed to serve 1.36 too (the add-on's v5 builds span several Kubernetes
-    # versions) -- all inferred, not read from the EKS add-on version tables.
+    # versions; public 1.36 configurations pin v6.2.0-eksbuild.1, whose configuration schema
+    # for our keys is not confirmed); the node monitoring agent as a public Terraform
+    # configuration of a 1.36 cluster (kube-proxy v1.36.0-eksbuild.25) pins it -- all inferred,
+    # not read from the EKS add-on version tables; preview refuses a pin newer than EKS offers.
     "1.36": {
         "vpc-cni": "v1.22.3-eksbuild.1",
         "coredns": "v1.14.3-eksbuild.3",
@@ -90,9 +90,48 @@ EKS_ADDONS: dict[str, dict[str, str]] = {
         "eks-pod-identity-agent": "v1.3.10-eksbuild.3",
         "aws-ebs-csi-driver": "v1.63.1-eksbuild.1",
         "amazon-cloudwatch-observability": "v5.3.0-eksbuild.1",
-        "eks-node-monitoring-agent": "v1.6.2-eksbuild.1",
+        "eks-node-monitoring-agent": "v1.7.2-eksbuild.1",
     },
 }
+NODE_MONITORING_AGENT_DCGM_HOST_ENGINE = "localhost:5555"
+"""The one DCGM host engine of a GPU node: the eks-node-monitoring-agent add-on's ``dcgm-server``
+DaemonSet runs ``nv-hostengine`` on host port 5555 (aws/eks-node-monitoring-agent, chart
+``templates/dcgm-daemonset.yaml`` at v1.6.2 and v1.7.0). Our dcgm-exporter connects to it with
+``-r`` from the host network instead of embedding a second host engine (two on one node are
+unsupported, NVIDIA/DCGM #108). The agent's chart gained a switch to use an external host
+engine instead (``dcgmAgent.enabled: false`` with ``nodeAgent.dcgmAddress``, chart v1.7.2;
+not in the v1.7.0 add-on schema), but that needs a standalone host engine of our own, which
+dcgm-exporter is not: the agent's is the one."""
+
+
+def node_monitoring_agent_configuration(gpu_tolerations: list[dict[str, str]]) -> dict[str, object]:
+    """``configuration_values`` of the pinned ``eks-node-monitoring-agent`` add-on: its
+    ``dcgm-server`` DaemonSet tolerates the GPU nodes' taint.
+
+    The chart's default is ``dcgmAgent.tolerations: []``: on a tainted GPU node no host engine
+    runs, the agent reports ``AcceleratedHardwareReady=False`` (DCGMError) and node auto repair
+    replaces the node (aws/containers-roadmap #2555, #2567). ``dcgmAgent.tolerations`` is in the
+    add-on's configuration schema at v1.6.0 through v1.7.0 (the agent's
+    ``charts/configuration.schema.json``; a test validates this against the v1.6.2 and v1.7.0
+    copies) and in the chart's values at v1.7.2. The v1.4 builds pinned for 1.33 and 1.34
+    predate the published schema: their chart values carry the key (since
+    aws/eks-node-monitoring-agent #5), their add-on schema is not confirmed."""
+    return {"dcgmAgent": {"tolerations": gpu_tolerations}}
+
+
+EKS_AMI_RELEASES: dict[str, str] = {
+    # awslabs/amazon-eks-ami, AMI release v20260714 (CHANGELOG.md, "Release version" per
+    # Kubernetes version, the same for the AL2023 standard and NVIDIA AMIs): NVIDIA driver
+    # 580.159.03 (kmod-nvidia-latest-dkms, R580: what CUDA 13.0 in the training image needs),
+    # EFA 3.1.0, containerd 2.2.4; kernel 6.18.36 for 1.36, 6.12 for 1.33 to 1.35.
+    "1.33": "1.33.13-20260714",
+    "1.34": "1.34.9-20260714",
+    "1.35": "1.35.6-20260714",
+    "1.36": "1.36.2-20260714",
+}
+"""EKS-optimized AMI release (``release_version`` of the managed node groups) per Kubernetes
+version. Without it a node group takes the newest AMI when it is created and on every replacement:
+a new driver, kernel or EFA module arrives unannounced. Bump with the AMI's release notes read."""
 SUPPORTED_KUBERNETES_VERSIONS: tuple[str, ...] = tuple(EKS_ADDONS)
 DEFAULT_KUBERNETES_VERSION = "1.36"
 """The newest pinned version: the one with the longest standard support ahead."""
@@ -132,16 +171,15 @@ def standard_support_warning(version: str, today: date) -> str | None:
     return None
 
 
-# Observability (components/observability.py).
+# Observability (components/observability/).
 KUBE_PROMETHEUS_STACK = HelmChart(
     chart="kube-prometheus-stack",
     version="88.5.3",
     repo="https://prometheus-community.github.io/helm-charts",
-    vendored=False,
 )
-"""The newest release whose source could be vendored (91.2.1 could not). Installed from the
-repository: the vendored copy lacks the four subcharts (grafana, kube-state-metrics, node and
-windows exporters) that the upstream .gitignore keeps out of git; components/charts/PROVENANCE.md."""
+"""The newest release whose source could be vendored (91.2.1 could not), with its four subcharts
+(grafana 12.11.1, kube-state-metrics 8.4.0, prometheus-node-exporter 4.56.1,
+prometheus-windows-exporter 0.12.8) in its ``charts/``: components/charts/PROVENANCE.md."""
 DCGM_EXPORTER = HelmChart(
     chart="dcgm-exporter",
     version="4.8.2",

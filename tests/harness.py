@@ -206,21 +206,19 @@ def parse_flags(args: list[str]) -> dict[str, str | None]:
 
 
 def release(recording: Recording, chart: versions.HelmChart) -> Registration:
-    """The run's one Helm release of ``chart`` (by name from a repository, or its vendored folder)."""
-    found = [r for r in recording.of_type(HELM) if r.inputs["chart"] in (chart.chart, f"./{chart.folder}")]
+    """The run's one Helm release of ``chart`` (its vendored folder)."""
+    found = [r for r in recording.of_type(HELM) if r.inputs["chart"] == f"./{chart.folder}"]
     assert len(found) == 1, f"expected one {chart.chart} release, found {[r.name for r in found]}"
     return found[0]
 
 
 def installs_pin(registration: Registration, chart: versions.HelmChart) -> bool:
-    """The release installs exactly the pinned chart: its vendored folder (the copy the rendering
-    tests render) or, for a chart not vendored whole, the repository at the pinned version."""
+    """The release installs exactly the pinned chart from its vendored folder (the copy the
+    rendering tests render), never from a repository."""
     inputs = registration.inputs
     if inputs.get("version") != chart.version or "latest" in chart.version:
         return False
-    if chart.vendored:
-        return inputs["chart"] == f"./{chart.folder}" and "repositoryOpts" not in inputs
-    return inputs["chart"] == chart.chart and inputs["repositoryOpts"]["repo"] == chart.repo
+    return inputs["chart"] == f"./{chart.folder}" and "repositoryOpts" not in inputs
 
 
 def pod_identity(recording: Recording, namespace: str, account: str) -> tuple[Registration, Registration, str]:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import re
 
-from components.observability import TRAINING_METRICS, dcgm_exported_metrics
+from components.observability.gpu_telemetry import dcgm_exported_metrics
 from tests.harness import require_tool
+from training import metric_names as training_metrics
 
 OTHER_SOURCES = {
     "up": "Prometheus itself: one series per scrape target",
     "kube_node_status_allocatable": "kube-state-metrics, installed by kube-prometheus-stack",
+    "kube_node_status_condition": "kube-state-metrics: every node condition, the node monitoring agent's too",
+    "kube_pod_container_resource_requests": "kube-state-metrics",
+    "kube_pod_status_phase": "kube-state-metrics",
 }
 """Series the rules use that neither dcgm-exporter nor the training package exports."""
 
@@ -34,11 +38,14 @@ def promtool() -> str:
     return require_tool("promtool", "install Debian's `prometheus` package (.ci/run does)")
 
 
-def known_metrics() -> dict[str, str]:
-    """Every metric name a query may use, with where it comes from."""
+def known_metrics(dcgm_csv: str | None = None) -> dict[str, str]:
+    """Every metric name a query may use, with where it comes from: what dcgm-exporter exports
+    with ``dcgm_csv`` (default: components/dcgm_metrics.csv), what the training package serves
+    (training.metric_names, checked against its registry in tests/training/test_prometheus.py),
+    and ``OTHER_SOURCES``."""
     return {
-        **{name: "dcgm-exporter (components/dcgm_metrics.csv)" for name in dcgm_exported_metrics()},
-        **{name: "training package" for name in TRAINING_METRICS},
+        **{name: "dcgm-exporter" for name in dcgm_exported_metrics(dcgm_csv)},
+        **{name: "training package" for name in training_metrics.SERVED},
         **OTHER_SOURCES,
     }
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from components.observability import RULES_FILE, load_rule_groups
+from components.observability.alert_delivery import RULES_FILE, load_rule_groups
 from tests.observability_promql import known_metrics, metric_names, promtool
 
 FIXTURE = Path(__file__).parent / "fixtures" / "observability" / "alert_rules_test.yaml"
@@ -120,3 +120,13 @@ def test_metric_name_reader_reads_what_promql_selects():
     expr = ('sum by (Hostname) (rate(a_total{job=~"x.*"}[5m] offset 1h)) / 1e9 > 0.5 '
             'and on (Hostname) label_replace(max(b), "c", "$1", "d", "(.+)") or vector(0) unless c:rec')
     assert metric_names(expr) == {"a_total", "b", "c:rec"}
+
+
+def test_unit_tests_feed_only_exported_series():
+    """The promtool unit tests' input series use the names the exporters serve, so a renamed
+    metric cannot leave the rules tested against series nothing produces."""
+    known = known_metrics()
+    for test in unit_tests():
+        for series in test["input_series"]:
+            names = metric_names(series["series"])
+            assert names and names <= set(known), f"{series['series']}: {names - set(known)}"

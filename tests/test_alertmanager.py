@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.observability import (
+from components import versions
+from components.observability.alert_delivery import (
     ALERT_RECEIVER,
     ALERTMANAGER_SERVICE_ACCOUNT,
     NULL_RECEIVER,
@@ -32,6 +33,7 @@ from tests.harness import (
     parse,
     plain,
     raw_settings,
+    release,
     require_tool,
     settings_error,
     variant,
@@ -61,9 +63,7 @@ def delivery(request) -> tuple[bool, bool, Recording]:
 
 
 def kps_values(recording: Recording) -> dict:
-    (kps,) = [r for r in recording.of_type("kubernetes:helm.sh/v3:Release")
-              if r.inputs["chart"] == "kube-prometheus-stack"]
-    return plain(kps.inputs["values"])
+    return plain(release(recording, versions.KUBE_PROMETHEUS_STACK).inputs["values"])
 
 
 def config_file(recording: Recording, tmp_path: Path) -> Path:
@@ -119,7 +119,7 @@ def test_slack_webhook_is_a_mounted_secret_file_never_a_value(tmp_path: Path):
     assert secret.inputs["metadata"]["namespace"] == "monitoring"
     assert is_secret_value(secret.inputs["stringData"]), "the Secret's data is a Pulumi secret"
     assert plain(secret.inputs["stringData"])[SLACK_SECRET_KEY] == WEBHOOK
-    kps = next(r for r in recording.of_type("kubernetes:helm.sh/v3:Release") if r.inputs["chart"] == "kube-prometheus-stack")
+    kps = release(recording, versions.KUBE_PROMETHEUS_STACK)
     assert secret.name in kps.dependencies, "Alertmanager may start before its webhook file exists"
     for r in recording.resources:
         if r is not secret:
@@ -139,7 +139,7 @@ def test_sns_publishes_through_pod_identity_on_that_topic_only():
                 if r.inputs["role"] == role.name], "Alertmanager's role has a managed policy"
     values = kps_values(recording)["alertmanager"]
     assert values["serviceAccount"]["name"] == ALERTMANAGER_SERVICE_ACCOUNT[1]
-    kps = next(r for r in recording.of_type("kubernetes:helm.sh/v3:Release") if r.inputs["chart"] == "kube-prometheus-stack")
+    kps = release(recording, versions.KUBE_PROMETHEUS_STACK)
     assert assoc.name in kps.dependencies, "Alertmanager may start before its credentials exist"
 
 

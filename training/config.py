@@ -375,6 +375,48 @@ class MetricsConfig(_Section):
 
 
 @dataclass(frozen=True, kw_only=True)
+class NodeCheckConfig(_Section):
+    """Node check: the nodes and the fabric, checked with numbers before training
+    (training/node_check.py)."""
+
+    node_check: bool = True
+    """Check every node (GPUs present and healthy, EFA devices, ulimit -l, /dev/shm, the
+    Lustre module, checkpoint directory throughput) and the fabric (all-reduce and all-gather
+    bus bandwidth at the model's FSDP sizes, NCCL's transport) before anything else; a failed
+    check stops the job naming the node, the check and the figures. --no-node-check skips it."""
+
+    node_check_timeout_s: int = 300
+    """Seconds the node checks of each node may take, and each collective of the bandwidth
+    test, before the check fails the job."""
+
+    node_check_gpus: int = 0
+    """GPUs each node must have; 0: as many as processes on the node on CUDA, none on CPU."""
+
+    node_check_efa: int = 0
+    """EFA devices (/dev/infiniband/uverbs*) each node must have; 0: none required."""
+
+    node_check_min_shm_gib: float = 1.0
+    """Smallest /dev/shm accepted, GiB (NCCL's shared-memory transport and data workers)."""
+
+    node_check_min_busbw_gbs: float = 0.0
+    """Lowest all-reduce bus bandwidth accepted over all ranks at the largest size, GB/s;
+    0: reported, not checked."""
+
+    node_check_min_node_busbw_gbs: float = 0.0
+    """Lowest all-reduce bus bandwidth accepted inside each node (multi-node jobs), GB/s;
+    0: reported, not checked."""
+
+    def problems(self) -> list[Problem]:
+        return _failing(
+            (self.node_check_timeout_s >= 1, "node_check_timeout_s",
+             f"must be >= 1 second, got {self.node_check_timeout_s}"),
+            *((getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+              for name in ("node_check_gpus", "node_check_efa", "node_check_min_shm_gib",
+                           "node_check_min_busbw_gbs", "node_check_min_node_busbw_gbs")),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobConfig:
     """The whole fine-tuning job."""
 
@@ -385,6 +427,7 @@ class JobConfig:
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
+    node_check: NodeCheckConfig = dataclasses.field(default_factory=NodeCheckConfig)
 
     def __post_init__(self) -> None:
         problems = [p for name in SECTIONS for p in getattr(self, name).problems()]

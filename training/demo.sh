@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Local demo: fine-tune the tiny preset with 2 CPU processes through torchrun, with the same
-# entry point and flags as the PyTorchJob. Prints loss and tokens/s per step, the validation
+# entry point and flags as the PyTorchJob. First the node check's table (training/node_check.py:
+# this machine's limits, /dev/shm, the checkpoint directory's MB/s, gloo bus bandwidth at the
+# tiny model's FSDP sizes); a failed check would stop here. Then loss and tokens/s per step, the validation
 # loss and perplexity every 7 steps (5 % of the shipped examples, held out), then a summary;
 # writes checkpoints, the Hugging Face export of the best checkpoint and metrics.jsonl under OUT
 # (default out/finetune).

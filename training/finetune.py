@@ -55,6 +55,7 @@ from training.metrics import (
     summarize,
 )
 from training.model import allocate, build_meta_model, load_weights, set_sdpa_backend
+from training.node_check import check_job, node_name
 from training.optim import build_optimizer, clip_and_step
 from training.parallel import (
     DTYPES,
@@ -473,6 +474,7 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
     from transformers import AutoTokenizer
 
     _check_paths(cfg)
+    node_check = check_job(cfg, env)  # the nodes and the fabric, before any download
     check_precision(cfg.model.precision, env.device)
     records = _build_records(cfg, env)
     model_dir = hub.fetch_model(cfg.model.model, cfg.model.cache_dir, cfg.train.seed, env)
@@ -491,6 +493,7 @@ def run(cfg: JobConfig, env: DistEnv) -> dict:
     log.info("plan: steps %d..%d, %s", state.step + 1, run_.total, json.dumps(description))
     with ExitStack() as stack:
         out = _Outputs(cfg, env, stack, state.step, run_.total)
+        out.prom.observe_node_check(node_check, node_name())
         history = _train(cfg, run_, out, description["run/flops_per_token"], env)
         if history is None:  # stopped by the test hook
             return {}

@@ -1,9 +1,9 @@
 """Prometheus metrics of the training job, served by local rank 0 of every node.
 
-The names are a contract with the dashboard and alert rules (issue 5); do not rename them.
-Every node exports the job-wide values (loss and throughput are already all-reduced), so a
-scrape of any node tells the job's state and `fsdp_train_last_step_timestamp_seconds` going
-stale on one node shows that node is stuck.
+The names and types are those of ``training.metric_names``, the contract with the dashboard and
+the alert rules. Every node exports the job-wide values (loss and throughput are already
+all-reduced), so a scrape of any node tells the job's state and
+`fsdp_train_last_step_timestamp_seconds` going stale on one node shows that node is stuck.
 """
 
 from __future__ import annotations
@@ -13,20 +13,25 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-log = logging.getLogger(__name__)
+from training.metric_names import (
+    EVAL_LOSS,
+    EVAL_PERPLEXITY,
+    LAST_CHECKPOINT_TIMESTAMP,
+    LAST_STEP_TIMESTAMP,
+    LEARNING_RATE,
+    LOSS,
+    MFU_RATIO,
+    NODE_CHECK_BUSBW,
+    NODE_CHECK_SECONDS,
+    NODE_CHECK_STORAGE,
+    STEP,
+    STEP_SECONDS,
+    STEPS_TOTAL,
+    TOKENS_PER_SECOND,
+    TOKENS_PER_SECOND_PER_GPU,
+)
 
-STEP = "fsdp_train_step"
-STEPS_TOTAL = "fsdp_train_steps"  # a Counter: exposed as fsdp_train_steps_total
-LOSS = "fsdp_train_loss"
-LEARNING_RATE = "fsdp_train_learning_rate"
-TOKENS_PER_SECOND = "fsdp_train_tokens_per_second"
-TOKENS_PER_SECOND_PER_GPU = "fsdp_train_tokens_per_second_per_gpu"
-MFU_RATIO = "fsdp_train_mfu_ratio"
-STEP_SECONDS = "fsdp_train_step_seconds"
-LAST_CHECKPOINT_TIMESTAMP = "fsdp_train_last_checkpoint_timestamp_seconds"
-LAST_STEP_TIMESTAMP = "fsdp_train_last_step_timestamp_seconds"
-EVAL_LOSS = "fsdp_train_eval_loss"
-EVAL_PERPLEXITY = "fsdp_train_eval_perplexity"
+log = logging.getLogger(__name__)
 
 
 class TrainingMetrics:
@@ -36,7 +41,8 @@ class TrainingMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.step = Gauge(STEP, "Last completed optimizer step.", registry=r)
-        self.steps = Counter(STEPS_TOTAL, "Optimizer steps completed by this process.",
+        # prometheus_client takes a counter's name without "_total" and serves it with it.
+        self.steps = Counter(STEPS_TOTAL.removesuffix("_total"), "Optimizer steps completed by this process.",
                              registry=r)
         self.loss = Gauge(LOSS, "Training loss (mean per target token) of the last step.",
                           registry=r)
@@ -57,6 +63,16 @@ class TrainingMetrics:
                                "validation set) at the last evaluation.", registry=r)
         self.eval_perplexity = Gauge(EVAL_PERPLEXITY, "exp(validation loss) at the last "
                                      "evaluation.", registry=r)
+        self.check_busbw = Gauge(
+            NODE_CHECK_BUSBW, "Node check at the job's start: bus bandwidth (nccl-tests' "
+            "definition) of a collective at the size FSDP moves for one unit of the model; "
+            "scope job: over all ranks, node: inside this node.",
+            ["collective", "unit", "scope"], registry=r)
+        self.check_storage = Gauge(NODE_CHECK_STORAGE, "Node check at the job's start: write "
+                                   "and read throughput of the checkpoint directory from this "
+                                   "node.", ["direction"], registry=r)
+        self.check_seconds = Gauge(NODE_CHECK_SECONDS, "Wall time of the node check at the "
+                                   "job's start.", registry=r)
         self.server, _ = start_http_server(port, registry=r)  # the thread is a daemon
         log.info("serving Prometheus metrics on port %d", port)
 
@@ -80,6 +96,22 @@ class TrainingMetrics:
     def observe_checkpoint(self) -> None:
         self.last_checkpoint.set(time.time())
 
+    def observe_node_check(self, report, node: str) -> None:
+        """The figures of `node_check.Report` that concern the whole job and this node."""
+        if report is None:  # --no-node-check
+            return
+        self.check_seconds.set(report.seconds)
+        for row in report.bandwidth:
+            self.check_busbw.labels(row["collective"], row["unit"], "job").set(row["busbw_gbs"])
+        for row in report.node_bandwidth:
+            if row["node"] == node:
+                self.check_busbw.labels(row["collective"], row["unit"], "node").set(
+                    row["busbw_gbs"])
+        for result in report.results:
+            if result["node"] == node and "write_mbs" in result["values"]:
+                self.check_storage.labels("write").set(result["values"]["write_mbs"])
+                self.check_storage.labels("read").set(result["values"]["read_mbs"])
+
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
@@ -95,6 +127,9 @@ class NoMetrics:
         pass
 
     def observe_checkpoint(self) -> None:
+        pass
+
+    def observe_node_check(self, report, node: str) -> None:
         pass
 
     def close(self) -> None:

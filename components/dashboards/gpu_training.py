@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from training import metric_names
+
 UID = "fsdp-eks-gpu-training"
 TITLE = "FSDP training on GPUs"
 
@@ -78,32 +80,40 @@ def _training(metric: str) -> str:
 def training_panels() -> list[dict[str, Any]]:
     """The job's own numbers, one series per node (pod)."""
     return [
-        _timeseries("Loss", _training("fsdp_train_loss"), unit="none", legend=PER_POD),
-        _timeseries("Validation loss", f"{_training('fsdp_train_eval_loss')} > 0", unit="none",
+        _timeseries("Loss", _training(metric_names.LOSS), unit="none", legend=PER_POD),
+        _timeseries("Validation loss", f"{_training(metric_names.EVAL_LOSS)} > 0", unit="none",
                     legend=PER_POD,
                     description="Mean token loss over the whole validation set, at each evaluation "
                                 "(--eval-every, default every epoch, and after the last step). Rising "
                                 "while the training loss falls: overfitting."),
-        _timeseries("Validation perplexity", f"{_training('fsdp_train_eval_perplexity')} > 0",
+        _timeseries("Validation perplexity", f"{_training(metric_names.EVAL_PERPLEXITY)} > 0",
                     unit="none", legend=PER_POD, description="exp(validation loss)."),
-        _timeseries("Tokens / s", _training("fsdp_train_tokens_per_second"), unit="short", legend=PER_POD,
+        _timeseries("Tokens / s", _training(metric_names.TOKENS_PER_SECOND), unit="short", legend=PER_POD,
                     description="Throughput as reported by each node's rank 0."),
-        _timeseries("Tokens / s / GPU", _training("fsdp_train_tokens_per_second_per_gpu"), unit="short",
+        _timeseries("Tokens / s / GPU", _training(metric_names.TOKENS_PER_SECOND_PER_GPU), unit="short",
                     legend=PER_POD),
-        _timeseries("MFU", _training("fsdp_train_mfu_ratio"), unit="percentunit", legend=PER_POD,
+        _timeseries("MFU", _training(metric_names.MFU_RATIO), unit="percentunit", legend=PER_POD,
                     minimum=0, maximum=1,
                     description="Model FLOPs utilisation: tokens/s/GPU x FLOPs/token / peak dense bf16."),
-        _timeseries("Step time", _training("fsdp_train_step_seconds"), unit="s", legend=PER_POD),
-        _timeseries("Checkpoint age", f"time() - ({_training('fsdp_train_last_checkpoint_timestamp_seconds')} > 0)",
+        _timeseries("Step time", _training(metric_names.STEP_SECONDS), unit="s", legend=PER_POD),
+        _timeseries("Checkpoint age", f"time() - ({_training(metric_names.LAST_CHECKPOINT_TIMESTAMP)} > 0)",
                     unit="s", legend=PER_POD,
                     description="Seconds since the last distributed checkpoint: what a crash now would cost."),
         _timeseries("Seconds since last step",
-                    f"time() - ({_training('fsdp_train_last_step_timestamp_seconds')} > 0)", unit="s",
+                    f"time() - ({_training(metric_names.LAST_STEP_TIMESTAMP)} > 0)", unit="s",
                     legend=PER_POD, description="TrainingStalled fires when this passes 600 s for 5 minutes."),
-        _timeseries("Steps / s", f"rate({_training('fsdp_train_steps_total')}[$__rate_interval])", unit="short",
+        _timeseries("Steps / s", f"rate({_training(metric_names.STEPS_TOTAL)}[$__rate_interval])", unit="short",
                     legend=PER_POD),
-        _timeseries("Step", _training("fsdp_train_step"), unit="none", legend=PER_POD),
-        _timeseries("Learning rate", _training("fsdp_train_learning_rate"), unit="none", legend=PER_POD),
+        _timeseries("Step", _training(metric_names.STEP), unit="none", legend=PER_POD),
+        _timeseries("Learning rate", _training(metric_names.LEARNING_RATE), unit="none", legend=PER_POD),
+        _timeseries("Node check: bus bandwidth at start",
+                    _training(metric_names.NODE_CHECK_BUSBW), unit="GBs",
+                    legend="{{collective}} {{unit}} ({{scope}}) {{pod}}",
+                    description="The check before training (training/node_check.py): nccl-tests bus "
+                                "bandwidth of the all-reduce and all-gather at the sizes FSDP moves for "
+                                "one layer and the root unit; scope job: over all ranks, node: inside "
+                                "the node. A job whose check fails stops before training and is not "
+                                "here: its log names the node and the figures."),
     ]
 
 
@@ -183,7 +193,7 @@ def _variables() -> list[dict[str, Any]]:
     return [
         {"type": "datasource", "name": "datasource", "label": "Data source", "query": "prometheus",
          "current": {"text": "Prometheus", "value": "prometheus"}},
-        query("namespace", "Job namespace", "label_values(fsdp_train_step, namespace)"),
+        query("namespace", "Job namespace", f"label_values({metric_names.STEP}, namespace)"),
         query("node", "Node", "label_values(DCGM_FI_DEV_GPU_UTIL, Hostname)"),
         query("gpu", "GPU", 'label_values(DCGM_FI_DEV_GPU_UTIL{Hostname=~"$node"}, gpu)'),
     ]

@@ -10,16 +10,24 @@ from __future__ import annotations
 import base64
 import email
 import json
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import jsonschema
 
 import pytest
 import yaml
 
 from components import versions
+from components.gpu_nodes import GPU_TOLERATION
 from components.hardware import PROFILES
 from tests.harness import (
     GPU_TAINT,
     HELM,
     Recording,
+    Registration,
     installs_pin,
     parse_flags,
     plain,
@@ -112,6 +120,61 @@ def test_gpu_nodes_can_mount_fsx_when_the_job_uses_it(recording: Recording, stac
     assert any("dnf install -y lustre-client" in s for s in scripts) == uses_fsx
 
 
+def lustre_script(recording: Recording) -> str:
+    message = email.message_from_bytes(base64.b64decode(recording.one(LT, "gpu-lt").inputs["userData"]))
+    [script] = [p.get_payload() for p in message.walk() if p.get_content_type() == "text/x-shellscript"]
+    return script
+
+
+def run_boot_script(script: str, tmp_path: Path, *, dnf: int, modprobe: int, filesystems: str) -> tuple[int, str]:
+    """The user data's script in a sandbox: stub ``dnf`` and ``modprobe`` exiting with the codes
+    given, a fake /proc/filesystems, the console and nodeadm's drop-in folder under ``tmp_path``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, code in (("dnf", dnf), ("modprobe", modprobe)):
+        (bin_dir / tool).write_text(f"#!/bin/sh\nexit {code}\n")
+        (bin_dir / tool).chmod(0o755)
+    (tmp_path / "filesystems").write_text(filesystems)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "CONSOLE": str(tmp_path / "console"),
+           "DROP_IN_DIR": str(tmp_path / "nodeadm.d"), "FILESYSTEMS": str(tmp_path / "filesystems")}
+    result = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    console = (tmp_path / "console").read_text() if (tmp_path / "console").exists() else ""
+    return result.returncode, console
+
+
+def drop_ins(tmp_path: Path) -> list[dict]:
+    return [yaml.safe_load(p.read_text()) for p in sorted((tmp_path / "nodeadm.d").glob("*.yaml"))]
+
+
+def test_a_node_whose_lustre_module_loads_is_labelled_for_the_job(tmp_path: Path):
+    """nodeadm merges /etc/eks/nodeadm.d/ over the user data after cloud-init's scripts and
+    appends kubelet flags (awslabs/amazon-eks-ami nodeadm merge.go): the label adds to the node
+    group's own. The job's workers require it."""
+    rec = variant("p5")
+    code, console = run_boot_script(lustre_script(rec), tmp_path, dnf=0, modprobe=0,
+                                    filesystems="nodev\tproc\n\tlustre\n")
+    assert code == 0 and "Lustre client ready" in console
+    [drop_in] = drop_ins(tmp_path)
+    assert drop_in["kind"] == "NodeConfig"
+    assert drop_in["spec"]["kubelet"]["flags"] == ["--node-labels=fsdp-eks/lustre-client=ready"]
+    selector = plain(rec.one("kubernetes:kubeflow.org/v1:PyTorchJob").inputs)[
+        "spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["nodeSelector"]
+    assert selector["fsdp-eks/lustre-client"] == "ready"
+
+
+@pytest.mark.parametrize(("dnf", "modprobe", "filesystems", "reason"), [
+    (1, 0, "\tlustre\n", "dnf install lustre-client failed"),
+    (0, 1, "\tlustre\n", "modprobe lustre failed"),
+    (0, 0, "nodev\tproc\n", "lustre is not a registered file system"),
+])
+def test_a_node_without_a_working_lustre_client_says_why_and_gets_no_label(tmp_path, dnf, modprobe, filesystems,
+                                                                           reason):
+    code, console = run_boot_script(lustre_script(variant("p5")), tmp_path, dnf=dnf, modprobe=modprobe,
+                                    filesystems=filesystems)
+    assert code != 0 and "Lustre client NOT ready" in console and reason in console
+    assert not list((tmp_path / "nodeadm.d").glob("*.yaml")), "no label for a node that cannot mount FSx"
+
+
 def test_root_volume_is_large_and_encrypted(recording: Recording):
     """Checked against the AL2023 AMI's root device (/dev/xvda: a mapping on another name adds a
     second, unused disk and leaves the root at the AMI's 20 GiB) and EBS gp3: encrypted, deleted
@@ -132,6 +195,15 @@ def test_placement_group_only_without_reservation(recording: Recording, stack: s
     else:
         assert len(groups) == 1 and groups[0].inputs["strategy"] == "cluster"
         assert placement["groupName"] == groups[0].name
+
+
+@pytest.mark.parametrize("stack_name", ["p4de", "p5"])
+def test_a_named_placement_group_is_launched_into_and_none_of_ours_made(stack_name: str):
+    """EC2: a capacity reservation made in a cluster placement group serves only launches into
+    that group; so the name goes to the launch template, and no group of ours competes with it."""
+    rec = variant(stack_name, gpuNodes={"placementGroupName": "team-cpg"})
+    assert rec.one(LT, "gpu-lt").inputs["placement"] == {"groupName": "team-cpg"}
+    assert rec.of_type("aws:ec2/placementGroup:PlacementGroup") == []
 
 
 def test_reservation_is_targeted(recording: Recording, stack: str):
@@ -244,6 +316,34 @@ def test_outputs(recording: Recording, stack: str):
     assert "nvidia\\.com/gpu" in command and "vpc\\.amazonaws\\.com/efa" in command
 
 
+def test_node_groups_boot_the_pinned_ami_release(recording: Recording, stack: str):
+    """awslabs/amazon-eks-ami release notes: an AL2023 release version is
+    ``<kubelet version>-<build date>``, one for the standard and the NVIDIA AMI; without it a
+    node group takes the newest AMI (driver, kernel, EFA module) at every launch."""
+    version = stack_config(stack)["fsdp-eks:cluster"]["kubernetesVersion"]
+    for name in ("gpu-gpu", "cluster-system"):
+        release_version = recording.named(name).inputs.get("releaseVersion")
+        assert release_version == versions.EKS_AMI_RELEASES[version], name
+    assert set(versions.EKS_AMI_RELEASES) == set(versions.SUPPORTED_KUBERNETES_VERSIONS)
+    for k8s, release_version in versions.EKS_AMI_RELEASES.items():
+        assert re.fullmatch(rf"{re.escape(k8s)}\.\d+-20\d{{6}}", release_version), (k8s, release_version)
+
+
+def test_scale_to_zero_command_names_the_gpu_node_group_of_this_stack(recording: Recording, stack: str):
+    """The command (AWS CLI ``eks update-nodegroup-config``) must hit this stack's GPU group, in
+    its cluster and region, and leave it at zero nodes."""
+    argv = shlex.split(recording.exports["gpu_scale_to_zero_command"])
+    assert argv[:3] == ["aws", "eks", "update-nodegroup-config"]
+    flags = parse_flags(argv)
+    group = recording.named("gpu-gpu")
+    assert flags["--cluster-name"] == group.inputs["clusterName"] == recording.exports["cluster_name"]
+    assert flags["--nodegroup-name"] == recording.exports["gpu_node_group"]
+    assert flags["--region"] == stack_config(stack)["aws:region"]
+    sizes = dict(part.split("=") for part in flags["--scaling-config"].split(","))
+    assert sizes["desiredSize"] == sizes["minSize"] == "0"
+    assert int(sizes["maxSize"]) == int(group.inputs["scalingConfig"]["maxSize"])
+
+
 def test_network_spans_two_azs_with_tagged_subnets(recording: Recording, stack: str):
     azs = stack_config(stack)["fsdp-eks:network"]["availabilityZones"]
     subnets = recording.of_type("aws:ec2/subnet:Subnet")
@@ -324,17 +424,72 @@ def test_existing_cluster_kubeconfig_authenticates_with_aws_eks_get_token():
 ADDON = "aws:eks/addon:Addon"
 
 
-def test_gpu_nodes_are_auto_repaired_by_default(recording: Recording):
-    """Checked against the EKS API (NodeRepairConfig: off unless enabled): the GPU node group
-    asks for auto repair; the system node group is left as EKS has it."""
+def test_gpu_nodes_are_not_auto_repaired_unless_asked(recording: Recording):
+    """Checked against the agent's sticky DCGM condition (aws/eks-node-monitoring-agent #266, fix
+    #275 unreleased): a repair would terminate healthy GPU nodes, so it is opt-in; the system
+    node group is left as EKS has it."""
     gpu, system = (recording.named(n) for n in ("gpu-gpu", "cluster-system"))
-    assert gpu.inputs["nodeRepairConfig"] == {"enabled": True}, gpu.inputs.get("nodeRepairConfig")
+    assert gpu.inputs["nodeRepairConfig"] == {"enabled": False}, gpu.inputs.get("nodeRepairConfig")
     assert "nodeRepairConfig" not in system.inputs
 
 
-def test_auto_repair_can_be_turned_off():
-    rec = variant("p5", gpuNodes={"autoRepair": False})
-    assert rec.named("gpu-gpu").inputs["nodeRepairConfig"] == {"enabled": False}
+def test_auto_repair_can_be_turned_on():
+    rec = variant("p5", gpuNodes={"autoRepair": True})
+    assert rec.named("gpu-gpu").inputs["nodeRepairConfig"] == {"enabled": True}
+
+
+SCHEMAS = Path(__file__).resolve().parents[1] / "fixtures" / "eks_addons"
+
+
+def recorded_schema(pin: str) -> Path:
+    """The recorded configuration schema for an agent pin: the newest release of the same minor
+    at or below it (schemas only gain keys within a minor; tests/fixtures/eks_addons/README.md)."""
+    release = tuple(int(n) for n in re.findall(r"\d+", pin.split("-eksbuild")[0]))
+    candidates = []
+    for path in SCHEMAS.glob("eks-node-monitoring-agent-v*.configuration.schema.json"):
+        version = tuple(int(n) for n in re.findall(r"\d+", path.name.split("-agent-")[1].split(".configuration")[0]))
+        if version[:2] == release[:2] and version <= release:
+            candidates.append((version, path))
+    assert candidates, f"no recorded configuration schema for the pinned {pin}"
+    return max(candidates)[1]
+
+
+def agent(recording: Recording) -> Registration:
+    return next(a for a in recording.of_type(ADDON) if a.inputs["addonName"] == "eks-node-monitoring-agent")
+
+
+def test_node_monitoring_agent_runs_its_dcgm_host_engine_on_the_gpu_nodes(recording: Recording, stack: str):
+    """Checked against the agent's chart at v1.6.2 (``dcgmAgent.tolerations: []`` by default, so
+    its dcgm-server never lands on a tainted GPU node and the agent reports
+    AcceleratedHardwareReady=False: aws/containers-roadmap #2555, #2567) and against the add-on's
+    configuration schema of the pinned version (tests/fixtures/eks_addons): what EKS accepts."""
+    registration = agent(recording)
+    configuration = json.loads(registration.inputs["configurationValues"])
+    jsonschema.validate(configuration, json.loads(recorded_schema(registration.inputs["addonVersion"]).read_text()))
+    assert tolerates(configuration["dcgmAgent"]["tolerations"], GPU_TAINT)
+
+
+def test_every_agent_pin_with_a_recorded_schema_accepts_the_configuration():
+    """Every supported Kubernetes version's pin, not only the stacks': the v1.4 builds of 1.33
+    and 1.34 predate the published schema and are the only ones unchecked (versions.py says so)."""
+    configuration = versions.node_monitoring_agent_configuration([dict(GPU_TOLERATION)])
+    unchecked = []
+    for k8s, pins in versions.EKS_ADDONS.items():
+        pin = pins["eks-node-monitoring-agent"]
+        try:
+            schema = recorded_schema(pin)
+        except AssertionError:
+            unchecked.append(k8s)
+            continue
+        jsonschema.validate(configuration, json.loads(schema.read_text()))
+    assert unchecked == ["1.33", "1.34"]
+
+
+def test_the_recorded_schema_refuses_what_the_pinned_agent_does_not_know():
+    """The schema check above can fail: v1.6.2's dcgmAgent has no nodeSelector (v1.7.0 added it)."""
+    schema = json.loads((SCHEMAS / "eks-node-monitoring-agent-v1.6.2.configuration.schema.json").read_text())
+    with pytest.raises(jsonschema.ValidationError, match="nodeSelector"):
+        jsonschema.validate({"dcgmAgent": {"nodeSelector": {"a": "b"}}}, schema)
 
 
 def test_node_monitoring_agent_is_pinned_and_runs_after_the_node_groups_exist(recording: Recording, stack: str):
@@ -344,9 +499,8 @@ def test_node_monitoring_agent_is_pinned_and_runs_after_the_node_groups_exist(re
     The GPU nodes need not wait for it: its DaemonSet lands on each node as it joins."""
     version = stack_config(stack).get("fsdp-eks:cluster", {}).get("kubernetesVersion",
                                                                    versions.DEFAULT_KUBERNETES_VERSION)
-    agent = next(a for a in recording.of_type(ADDON) if a.inputs["addonName"] == "eks-node-monitoring-agent")
-    assert agent.inputs["addonVersion"] == versions.EKS_ADDONS[version]["eks-node-monitoring-agent"]
-    assert "cluster-system" in agent.dependencies, agent.dependencies
+    assert agent(recording).inputs["addonVersion"] == versions.EKS_ADDONS[version]["eks-node-monitoring-agent"]
+    assert "cluster-system" in agent(recording).dependencies
 
 
 def test_every_supported_kubernetes_version_pins_the_node_monitoring_agent():

@@ -25,13 +25,14 @@ import yaml
 from components import offline, versions
 from components.gpu_nodes import container_rlimits
 from components.offline import AwsLikeMocks
-from components.preflight import EKS_UNSUPPORTED_ZONE_IDS, zone_problems
+from components.preflight import EKS_UNSUPPORTED_ZONE_IDS, addon_pin_problems, quota_problems, zone_problems
 from components.settings import Secrets, SettingsError
 from tests.harness import (
     HELM,
     Recording,
     parse,
     raw_settings,
+    release,
     run_program,
     settings_error,
     stack_config,
@@ -79,6 +80,16 @@ def test_every_addon_that_runs_pods_waits_for_nodes(with_cloudwatch: Recording):
         assert "cluster-system" in waits_for(with_cloudwatch, addon(with_cloudwatch, name).name), name
 
 
+def test_every_addon_overwrites_what_eks_bootstrapped(with_cloudwatch: Recording):
+    """CreateAddon over the self-managed CoreDNS (kube-proxy, VPC CNI) EKS installs "might fail"
+    without OVERWRITE (EKS API reference, CreateAddon resolveConflicts; eksctl #5880)."""
+    addons = with_cloudwatch.of_type(ADDON)
+    assert {"coredns", "eks-pod-identity-agent", "eks-node-monitoring-agent", "aws-ebs-csi-driver",
+            "amazon-cloudwatch-observability"} <= {a.inputs["addonName"] for a in addons}
+    for a in addons:
+        assert a.inputs.get("resolveConflictsOnCreate") == "OVERWRITE", a.inputs["addonName"]
+
+
 def test_node_groups_wait_for_the_node_role_policies_not_for_coredns(recording: Recording):
     """A node that boots before its CNI/worker policies are attached never joins; the GPU nodes
     start beside the system nodes instead of after CoreDNS."""
@@ -106,8 +117,10 @@ def test_zone_problems_refuse_eks_unsupported_zone_ids_and_unoffered_gpu_azs():
     assert zone_problems(settings, ids | {"us-east-1a": "use1-az6"}, ["us-east-1a"]) == [], "the case that passes"
 
 
-def refused(config: dict, stack: str) -> tuple[str, list]:
-    mocks = AwsLikeMocks(config["aws:region"])
+def refused(config: dict, stack: str, **account) -> tuple[str, list]:
+    """The preview's error for ``config`` in an account that answers as ``account`` says
+    (``AwsLikeMocks``' tables; the example tables otherwise), and what it registered."""
+    mocks = AwsLikeMocks(config["aws:region"], **account)
     with pytest.raises(SettingsError) as info:
         run_program(config, stack, mocks=mocks)
     return str(info.value), mocks.registrations
@@ -127,6 +140,67 @@ def test_preview_refuses_a_gpu_az_without_the_instance_type_and_names_where_it_i
     assert "fsdp-eks:gpuNodes.availabilityZone = 'us-west-2b': p5.48xlarge is not offered" in message
     assert "offered in: us-west-2a, us-west-2c" in message
     assert created == []
+
+
+# --------------------------------------------------------------------------- GPU quota, creator, add-on pins
+
+
+def test_preview_refuses_on_demand_gpus_beyond_the_p_instance_quota():
+    """Checked against the P5 instance page (192 vCPUs per p5.48xlarge) and the quota's unit
+    (vCPUs of running P instances, L-417A185B): two nodes need 384; an account with 192 gets
+    told before the NAT gateways and the cluster bill."""
+    config = variant_config("p5")
+    message, created = refused(config, "p5-quota", p_instance_quotas={"us-west-2": 192.0})
+    assert "fsdp-eks:gpuNodes.desiredSize = 2: 2 x p5.48xlarge needs 384 vCPUs" in message
+    assert "quota in us-west-2 is 192 vCPUs" in message and "--quota-code L-417A185B" in message
+    assert created == []
+
+
+def test_a_reserved_group_beyond_the_quota_is_a_warning_only(monkeypatch):
+    """p4de launches into its reservation: 2 x 96 vCPUs (P4 instance page) over a quota of 0 warns."""
+    warned: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warned.append(message))
+    config = variant_config("p4de")
+    run_program(config, "p4de-quota", mocks=AwsLikeMocks("us-east-1", p_instance_quotas={"us-east-1": 0.0}))
+    assert any("gpuNodes.desiredSize = 2: 2 x p4de.24xlarge is 192 vCPUs" in w for w in warned), warned
+
+
+def test_quota_problems_warn_when_only_max_size_does_not_fit():
+    settings = parse(raw_settings("p5") | {"gpuNodes": {**raw_settings("p5")["gpuNodes"], "maxSize": 4}})
+    problems, warnings = quota_problems(settings, 384.0)
+    assert problems == [] and [w.key for w in warnings] == ["gpuNodes.maxSize"]
+    assert quota_problems(settings, 768.0) == ([], [])
+
+
+def test_preview_refuses_the_deploying_role_in_the_access_lists():
+    """pulumi/pulumi-eks#2373: EKS gave the creator an access entry; ours for it fails with 409.
+    The role is matched by account and name, whatever path the list gives it."""
+    me = "arn:aws:iam::123456789012:role/ml/team-admin"
+    config = variant_config("p5", cluster={"adminRoleArns": [me, "arn:aws:iam::123456789012:role/other"]})
+    message, created = refused(config, "p5-creator", caller_role="arn:aws:iam::123456789012:role/team-admin")
+    assert f"fsdp-eks:cluster.adminRoleArns = '{me}': the role this deployment runs as" in message
+    assert "role/other" not in message and created == []
+    # Once the cluster exists its creator entry is settled: no refusal for whoever runs later.
+    run_program(config, "p5-creator-later", mocks=AwsLikeMocks(
+        "us-west-2", caller_role="arn:aws:iam::123456789012:role/team-admin", clusters=("fsdp-eks-p5-creator-later",)))
+
+
+def test_preview_refuses_an_addon_pin_eks_does_not_offer_for_the_version():
+    """An add-on table where EKS's newest coredns for 1.36 is older than the pin: refused with the
+    command that lists the builds."""
+    newest = offline.example_addon_versions() | {("coredns", "1.36"): "v1.13.0-eksbuild.1"}
+    message, created = refused(variant_config("p5"), "p5-pins", addon_versions=newest)
+    pin = versions.EKS_ADDONS["1.36"]["coredns"]
+    assert f"pins coredns {pin}, which EKS does not offer for Kubernetes 1.36 (its newest: v1.13.0-eksbuild.1)" in message
+    assert "aws eks describe-addon-versions --kubernetes-version 1.36 --addon-name coredns" in message
+    assert created == []
+
+
+def test_addon_pin_versions_compare_by_number_not_text():
+    """v1.10 is newer than v1.9 (a text comparison says otherwise)."""
+    assert addon_pin_problems("1.36", {a: "v99.0.0-eksbuild.1" for a in versions.EKS_ADDONS["1.36"]}) == []
+    newest = {a: "v0.0.1-eksbuild.1" for a in versions.EKS_ADDONS["1.36"]}
+    assert len(addon_pin_problems("1.36", newest)) == len(versions.EKS_ADDONS["1.36"])
 
 
 def test_p4de_stack_file_carries_no_reservation_and_preview_asks_for_it():
@@ -280,12 +354,30 @@ def test_control_plane_log_group_exists_before_the_cluster_with_a_retention(reco
     assert "cluster.logRetentionDays = 31: use one of 1, 3, 5" in str(settings_error(config))
 
 
+def test_container_insights_log_groups_are_ours_with_the_retention(with_cloudwatch: Recording):
+    """The CloudWatch add-on's agent and Fluent Bit create missing groups without expiry: ours
+    exist first (the add-on waits for them), so destroy deletes them and they expire."""
+    groups = {g.inputs["name"]: g for g in with_cloudwatch.of_type("aws:cloudwatch/logGroup:LogGroup")}
+    cloudwatch = addon(with_cloudwatch, "amazon-cloudwatch-observability")
+    for kind in ("application", "dataplane", "host", "performance"):
+        group = groups[f"/aws/containerinsights/fsdp-eks-p5-cw/{kind}"]
+        assert int(group.inputs["retentionInDays"]) == 30, kind
+        assert group.name in waits_for(with_cloudwatch, cloudwatch.name), kind
+
+
+def test_the_audit_log_is_opt_in(recording: Recording):
+    """audit is the control plane's largest stream (every API request), billed per GB."""
+    assert sorted(recording.one("eks:index:Cluster").inputs["enabledClusterLogTypes"]) == ["api", "authenticator"]
+    audited = run_program(variant_config("p5", cluster={"auditLog": True}), "p5-audit")
+    assert "audit" in audited.one("eks:index:Cluster").inputs["enabledClusterLogTypes"]
+
+
 def test_prometheus_volume_claim_is_deleted_before_the_ebs_csi_driver(recording: Recording):
     """Destroy runs the graph in reverse: the release, then its claim (and volume), and only then
     the StorageClass and the EBS CSI add-on that deletes the volume."""
     [claim] = [r for r in recording.of_type("kubernetes:core/v1:PersistentVolumeClaim")
                if r.name.startswith("observability-")]
-    kps = next(r for r in recording.of_type(HELM) if r.inputs["chart"] == versions.KUBE_PROMETHEUS_STACK.chart)
+    kps = release(recording, versions.KUBE_PROMETHEUS_STACK)
     ebs = addon(recording, "aws-ebs-csi-driver")
     assert claim.name in waits_for(recording, kps.name)
     assert ebs.name in waits_for(recording, claim.name)

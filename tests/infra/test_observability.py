@@ -8,7 +8,9 @@ GPU node), the CloudWatch agent operator's GPU opt-out, and Kubernetes' own sche
 
 from __future__ import annotations
 
+import functools
 import json
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -18,13 +20,10 @@ from components import versions
 from components.cluster import SYSTEM_NODE_LABEL
 from components.dashboards import gpu_training
 from components.hardware import PROFILES
-from components.observability import (
-    DCGM_COUNTERS_PATH,
-    MONITORING_NAMESPACE,
-    RULES_FILE,
-    dcgm_exported_metrics,
-)
-from components.offline import is_secret_value
+from components.observability.alert_delivery import RULES_FILE
+from components.observability.common import MONITORING_NAMESPACE
+from components.observability.gpu_telemetry import DCGM_COUNTERS_PATH, dcgm_exported_metrics
+from components.offline import engine_urn, is_secret_value
 from components.settings import SettingsError
 from tests.harness import (
     DUMMY_SECRETS,
@@ -42,9 +41,11 @@ from tests.harness import (
     trusted_by_pod_identity,
     variant,
 )
+from tests.observability_promql import known_metrics, metric_names
 
 ADDON = "aws:eks/addon:Addon"
 PASSWORD = DUMMY_SECRETS["fsdp-eks:grafanaAdminPassword"]
+TOPIC = "arn:aws:sns:us-west-2:123456789012:fsdp-eks-alerts"
 
 CHART_DEFAULT_METRICS = {
     "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_GPU_TEMP",
@@ -148,11 +149,30 @@ def test_dcgm_exporter_only_on_gpu_nodes(recording: Recording, stack: str):
 def test_dcgm_exporter_exports_the_health_metrics(recording: Recording):
     """Checked against the CSV the chart receives (``customMetrics``) and chart 4.8.2's default list."""
     values = release(recording, versions.DCGM_EXPORTER).inputs["values"]
-    assert values["arguments"] == ["-f", DCGM_COUNTERS_PATH]
+    assert parse_flags_short(values["arguments"])["-f"] == DCGM_COUNTERS_PATH
     exported = dcgm_exported_metrics(values["customMetrics"])
     assert CHART_DEFAULT_METRICS <= set(exported), "customMetrics replaces the default list: keep it"
     for name, kind in HEALTH_METRICS.items():
         assert exported.get(name) == kind, f"{name} must be exported as a {kind}"
+
+
+def parse_flags_short(args: list[str]) -> dict[str, str]:
+    """``-x value`` pairs of dcgm-exporter's command line."""
+    assert len(args) % 2 == 0 and all(a.startswith("-") for a in args[::2]), args
+    return dict(zip(args[::2], args[1::2], strict=True))
+
+
+def test_dcgm_exporter_reads_the_node_monitoring_agents_host_engine(recording: Recording):
+    """One DCGM host engine per node (NVIDIA/DCGM #108: two are unsupported): the node monitoring
+    agent's dcgm-server serves nv-hostengine on host port 5555 (its chart's
+    templates/dcgm-daemonset.yaml, v1.6.2); the exporter connects with ``-r`` (chart 4.8.2 values:
+    "Use -r <HOST>:<PORT> to connect to an already running hostengine") from the host network,
+    where localhost is the node."""
+    values = release(recording, versions.DCGM_EXPORTER).inputs["values"]
+    assert parse_flags_short(values["arguments"])["-r"] == "localhost:5555"
+    assert values["hostNetwork"] is True
+    agents = addons(recording, "eks-node-monitoring-agent")
+    assert len(agents) == 1, "the host engine comes with the agent: it must be installed"
 
 
 def test_monitoring_runs_on_system_nodes_node_exporter_everywhere(recording: Recording):
@@ -200,7 +220,13 @@ def test_dashboard_configmap_is_loaded_by_grafana(recording: Recording):
     assert labels == {"grafana_dashboard": "1"}
     assert sidecar["enabled"] is True and labels[sidecar["label"]] == sidecar["labelValue"]
     [content] = dashboard.inputs["data"].values()
-    assert json.loads(content) == gpu_training.dashboard()
+    # What Grafana gets reads only what is exported: by the exporter with the metrics list the
+    # dcgm-exporter release is given, by the training package, by Prometheus and kube-state-metrics.
+    known = known_metrics(release(recording, versions.DCGM_EXPORTER).inputs["values"]["customMetrics"])
+    queries = gpu_training.queries(json.loads(content))
+    assert len(queries) > 15
+    for title, expr in queries:
+        assert metric_names(expr) and metric_names(expr) <= set(known), f"{title}: {expr}"
 
 
 def test_alert_rules_are_the_tested_file(recording: Recording):
@@ -323,3 +349,40 @@ def test_observability_off_creates_nothing_and_needs_no_password():
 def test_bad_monitoring_settings_are_named(changes: dict, key: str):
     with pytest.raises(SettingsError, match=key):
         variant("p5", observability=changes)
+
+
+# --------------------------------------------------------------------------- an existing stack
+
+RESOURCE_URNS = Path(__file__).parents[1] / "fixtures" / "observability" / "resource_urns.txt"
+"""Every resource of Observability, p5 with every option on, as a run recorded them before
+Observability was split into its parts."""
+
+
+def urns_in_state(recording: Recording) -> set[str]:
+    """Every URN a stack's state may know a resource of this run by: its URN, its aliases, and
+    (as the engine derives them) its URN under each URN its parent may be known by."""
+    by_urn = {r.urn: r for r in recording.resources}
+
+    @functools.cache
+    def known(urn: str) -> frozenset[str]:
+        r = by_urn.get(urn)
+        if r is None:  # the stack itself
+            return frozenset({urn})
+        stack = r.urn.split("::")[0].removeprefix("urn:pulumi:")
+        inherited = {engine_urn(parent, r.type, r.name, stack) for parent in known(r.parent)} if r.parent else set()
+        return frozenset({r.urn, *r.aliases, *inherited})
+
+    return set().union(*(known(urn) for urn in by_urn))
+
+
+def test_an_existing_stack_keeps_every_observability_resource():
+    """``pulumi up`` on a stack deployed before the split replaces nothing: each recorded URN is
+    the URN or an alias of a resource registered now."""
+    stack_urn = "urn:pulumi:p5-variant::fsdp-eks::"
+    recording = variant(
+        "p5", observability={"cloudwatchContainerInsights": True, "debugTools": True, "alertSnsTopicArn": TOPIC},
+        alertSlackWebhook="https://hooks.slack.com/services/T000/B000/XXXX")
+    before = [line for line in RESOURCE_URNS.read_text().splitlines() if line and not line.startswith("#")]
+    assert len(before) > 20
+    known = urns_in_state(recording)
+    assert [urn for urn in before if stack_urn + urn not in known] == []

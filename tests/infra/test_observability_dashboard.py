@@ -2,7 +2,8 @@
 
 Checked against promtool's PromQL parser (each panel query becomes a recording rule of a
 generated rules file), the exporter's metrics list (components/dcgm_metrics.csv) and the metrics
-the training package really serves (its prometheus_client registry, scraped as text).
+the training package serves (``training.metric_names``, which tests/training/test_prometheus.py
+checks against the package's prometheus_client registry).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import pytest
 import yaml
 
 from components.dashboards import gpu_training
-from components.observability import TRAINING_METRICS, dcgm_exported_metrics
+from components.observability.gpu_telemetry import dcgm_exported_metrics
 from tests.observability_promql import (
     known_metrics,
     metric_names,
     promtool,
     substitute_grafana_variables,
 )
+from training import metric_names as training_metrics
 
 BLOG_METRICS = {
     "DCGM_FI_DEV_GPU_UTIL",
@@ -79,23 +81,6 @@ def test_every_query_reads_an_exported_metric(model: dict):
         assert names <= set(known), f"panel {title!r} reads {names - set(known)}, which nothing exports"
 
 
-def test_training_metric_names_are_what_the_training_package_serves():
-    """The names and types the dashboard and rules rely on, read from the package's registry
-    (a requirement of the package: imported, never skipped when missing)."""
-    from prometheus_client import generate_latest
-
-    from training import prometheus
-
-    metrics = prometheus.TrainingMetrics(port=0)
-    try:
-        text = generate_latest(metrics.registry).decode()
-    finally:
-        metrics.close()
-    served = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, flags=re.M))
-    served = {name: kind for name, kind in served.items() if not name.endswith("_created")}
-    assert served == TRAINING_METRICS
-
-
 def test_blog_metrics_and_more_per_gpu(model: dict):
     used = {name for _, expr in gpu_training.queries(model) for name in metric_names(expr)}
     assert BLOG_METRICS <= used
@@ -109,12 +94,12 @@ def test_blog_metrics_and_more_per_gpu(model: dict):
 def test_training_panels(model: dict):
     by_title = dict(gpu_training.queries(model))
     expected = {
-        "Loss": "fsdp_train_loss",
-        "Tokens / s": "fsdp_train_tokens_per_second",
-        "Tokens / s / GPU": "fsdp_train_tokens_per_second_per_gpu",
-        "MFU": "fsdp_train_mfu_ratio",
-        "Step time": "fsdp_train_step_seconds",
-        "Checkpoint age": "fsdp_train_last_checkpoint_timestamp_seconds",
+        "Loss": training_metrics.LOSS,
+        "Tokens / s": training_metrics.TOKENS_PER_SECOND,
+        "Tokens / s / GPU": training_metrics.TOKENS_PER_SECOND_PER_GPU,
+        "MFU": training_metrics.MFU_RATIO,
+        "Step time": training_metrics.STEP_SECONDS,
+        "Checkpoint age": training_metrics.LAST_CHECKPOINT_TIMESTAMP,
     }
     for title, metric in expected.items():
         assert metric_names(by_title[title]) == {metric}, title
@@ -123,7 +108,7 @@ def test_training_panels(model: dict):
 
 def test_counters_are_rated_and_gauges_are_not(model: dict):
     """rate() of a gauge (the blog's Xid panel) or a raw counter plot are both wrong."""
-    types = {**dcgm_exported_metrics(), **TRAINING_METRICS}
+    types = {**dcgm_exported_metrics(), **training_metrics.SERVED}
     for title, expr in gpu_training.queries(model):
         for name in metric_names(expr):
             rated = re.search(rf"(rate|increase|irate)\({re.escape(name)}\b", expr) is not None
@@ -150,8 +135,8 @@ def test_validation_loss_panel_beside_the_training_loss(model: dict):
     before the first evaluation."""
     panels = {p["title"]: p for p in model["panels"]}
     by_title = dict(gpu_training.queries(model))
-    assert metric_names(by_title["Validation loss"]) == {"fsdp_train_eval_loss"}
-    assert metric_names(by_title["Validation perplexity"]) == {"fsdp_train_eval_perplexity"}
+    assert metric_names(by_title["Validation loss"]) == {training_metrics.EVAL_LOSS}
+    assert metric_names(by_title["Validation perplexity"]) == {training_metrics.EVAL_PERPLEXITY}
     assert by_title["Validation loss"].endswith("> 0")
     loss, val = panels["Loss"]["gridPos"], panels["Validation loss"]["gridPos"]
     assert loss["y"] == val["y"] and {loss["x"], val["x"]} == {0, loss["w"]}

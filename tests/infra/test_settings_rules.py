@@ -138,6 +138,11 @@ CASES = [
      SECRETS, "storage.existingClaimName", "lower-case letters"),
     ("several-nodes-without-shared-storage", "p5", {"storage.fsx": False}, SECRETS,
      "storage.fsx", "needs storage every node shares"),
+    # EC2 placement group names: 1-255 ASCII characters (CreatePlacementGroup GroupName).
+    ("placement-group-name-too-long", "p4de", {"gpuNodes.placementGroupName": "g" * 256}, SECRETS,
+     "gpuNodes.placementGroupName", "1-255 ASCII characters"),
+    ("placement-group-name-not-ascii", "p4de", {"gpuNodes.placementGroupName": "grüppe"}, SECRETS,
+     "gpuNodes.placementGroupName", "1-255 ASCII characters"),
     # the memory-fit rule (components/memory_fit.py; its estimate is tested in test_memory_fit.py)
     ("unknown-model-without-size", "p5", {"job.model": "mistralai/Mistral-7B-v0.1"}, SECRETS,
      "job.modelParameters", "not in the GPU-memory fit check's table"),
@@ -173,6 +178,7 @@ ACCEPTED = [
     ("capacity-block-with-reservation", "p5", {"gpuNodes.capacityBlock": True,
                                                 "gpuNodes.capacityReservationId": "cr-0abc1234def567890"}),
     ("root-volume-200", "p5", {"gpuNodes.rootVolumeGiB": 200}),
+    ("placement-group-name-255", "p4de", {"gpuNodes.placementGroupName": "g" * 255}),
     ("no-restarts", "p5", {"job.maxRestarts": 0}),
     ("one-gpu", "p5", {"job.gpusPerNode": 1, "job.activationCheckpointing": "full", "job.batchSize": 1}),
     ("every-gpu", "p5", {"job.gpusPerNode": 8}),

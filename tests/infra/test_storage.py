@@ -308,7 +308,7 @@ def test_single_node_without_storage_keeps_checkpoints_on_nvme(single_node_recor
     for type_ in (FSX, PV):
         assert rec.of_type(type_) == [], f"{type_} created without shared storage"
     assert shared_claims(rec) == [], "a shared claim created without shared storage"
-    assert [r for r in rec.of_type(HELM) if r.inputs["chart"] == versions.FSX_CSI_DRIVER.chart] == []
+    assert [r for r in rec.of_type(HELM) if r.inputs["chart"] == f"./{versions.FSX_CSI_DRIVER.folder}"] == []
     assert "fsx_file_system_id" not in rec.exports
     job = job_of(rec)
     pod = worker(job)["template"]["spec"]

@@ -151,7 +151,10 @@ def test_container_is_pytorch_with_the_profiles_gpus_and_efa(recording: Recordin
 def test_pod_lands_on_the_gpu_nodes_with_shm_and_nvme(recording: Recording, stack: str):
     """Checked against the GPU taint and labels, and the AL2023 NodeConfig's RAID0 mount point."""
     spec = worker(job_of(recording))["template"]["spec"]
-    assert spec["nodeSelector"] == {"node.kubernetes.io/instance-type": profile_of(stack).instance_type}
+    assert spec["nodeSelector"]["node.kubernetes.io/instance-type"] == profile_of(stack).instance_type
+    # With FSx, only nodes whose Lustre client loaded at boot (the label their user data sets).
+    fsx = stack_config(stack).get("fsdp-eks:storage", {}).get("fsx", False)
+    assert (spec["nodeSelector"].get("fsdp-eks/lustre-client") == "ready") == fsx
     assert tolerates(spec["tolerations"], GPU_TAINT)
     volumes = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in container(job_of(recording))["volumeMounts"]}

@@ -14,7 +14,12 @@ import pytest
 
 from components.hardware import PROFILES
 from components.settings import JobSettings
-from components.training_job import model_slug, pytorchjob_manifest, training_command
+from components.training_job import (
+    model_slug,
+    node_check_thresholds,
+    pytorchjob_manifest,
+    training_command,
+)
 from tests.harness import job_settings
 from training import config as training_config
 from training.config import build_parser, config_from_namespace
@@ -125,7 +130,9 @@ EVERY_TRAINING_FIELD_CHANGED = {
     "collective_timeout_s": 120, "async_checkpoint": False,
     "checkpoint_dir": "/elsewhere/ckpt", "checkpoint_every": 0, "keep_checkpoints": 5,
     "output_dir": "/elsewhere/out", "export_dtype": "fp32", "keep_best": True, "metrics_port": 1234,
-    "metrics_file": "/elsewhere/m.jsonl",
+    "metrics_file": "/elsewhere/m.jsonl", "node_check": False, "node_check_timeout_s": 60,
+    "node_check_gpus": 4, "node_check_efa": 2, "node_check_min_shm_gib": 2.0,
+    "node_check_min_busbw_gbs": 1.0, "node_check_min_node_busbw_gbs": 1.0,
 }
 """A value other than the package's default for every field of training/config.py."""
 
@@ -143,12 +150,13 @@ def test_the_training_package_parses_the_command(changed):
     package exactly the job's training settings, none dropped, plus the paths and port the pod
     provides (whatever the stack file said for those)."""
     job = JobSettings(training=training_config.from_fields(changed))
-    command = training_command(job, data_dir="/fsx/runs/r")
+    command = training_command(job, PROFILES["p5"], data_dir="/fsx/runs/r")
     assert command[:3] == ["torchrun", "-m", "training.finetune"]
     parsed = training_config.flat(config_from_namespace(build_parser().parse_args(command[3:])))
     pod_owned = {"checkpoint_dir": "/fsx/runs/r/checkpoints", "output_dir": "/fsx/runs/r/output",
                  "cache_dir": "/mnt/nvme/huggingface", "metrics_port": 9402,
-                 "metrics_file": "/fsx/runs/r/metrics.jsonl"}
+                 "metrics_file": "/fsx/runs/r/metrics.jsonl",
+                 **node_check_thresholds(job, PROFILES["p5"])}
     assert parsed == {**training_config.flat(job.training), **pod_owned}
 
 
@@ -161,7 +169,7 @@ def test_nccl_gives_up_on_a_hung_rank_when_the_package_does(timeout_s):
     job = job_settings(**fields)
     env = {e["name"]: e.get("value") for e in
            render(job)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["env"]}
-    command = training_command(job)
+    command = training_command(job, PROFILES["p5"])
     parsed = config_from_namespace(build_parser().parse_args(command[3:]))
     assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == str(parsed.parallel.collective_timeout_s)
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"

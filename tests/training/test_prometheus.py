@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import subprocess
 import time
 import urllib.request
@@ -17,18 +19,9 @@ from tests.training.conftest import (
     free_port,
     torchrun_cmd,
 )
-from training import prometheus
+from training import metric_names, prometheus
 
 pytestmark = pytest.mark.timeout(180)
-
-CONTRACT = [
-    "fsdp_train_step", "fsdp_train_steps_total", "fsdp_train_loss", "fsdp_train_learning_rate",
-    "fsdp_train_tokens_per_second", "fsdp_train_tokens_per_second_per_gpu",
-    "fsdp_train_mfu_ratio", "fsdp_train_step_seconds",
-    "fsdp_train_last_checkpoint_timestamp_seconds", "fsdp_train_last_step_timestamp_seconds",
-    "fsdp_train_eval_loss", "fsdp_train_eval_perplexity",
-]
-"""The names the dashboard and alert rules (issue 5) are written against."""
 
 
 def _scrape(port: int) -> dict[str, float]:
@@ -42,23 +35,41 @@ def _scrape(port: int) -> dict[str, float]:
     return values
 
 
-def test_module_exposes_the_contract_names():
-    """Checked against the metric-name contract of issue 5 (dashboard and alerts)."""
-    declared = {getattr(prometheus, k) for k in dir(prometheus) if k.isupper()}
-    exposed = {n + "_total" if n == prometheus.STEPS_TOTAL else n for n in declared}
-    assert exposed == set(CONTRACT)
+def test_the_registry_serves_the_declared_names_and_types():
+    """Checked against the exposition text prometheus_client generates for the registry: its
+    names and ``# TYPE`` lines are exactly ``metric_names.SERVED``, what the dashboard and the
+    alert rules are written against."""
+    from prometheus_client import generate_latest
+
+    metrics = prometheus.TrainingMetrics(port=0)
+    try:
+        text = generate_latest(metrics.registry).decode()
+    finally:
+        metrics.close()
+    served = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, flags=re.M))
+    # prometheus_client adds a counter's creation time as a gauge of its own: not ours.
+    served = {name: kind for name, kind in served.items() if not name.endswith("_created")}
+    assert served == metric_names.SERVED
+
+
+def test_the_readme_names_every_served_metric():
+    """training/README.md's list of the contract is complete and names nothing else."""
+    section = (REPO / "training" / "README.md").read_text().split("## Prometheus metrics", 1)[1].split("\n## ", 1)[0]
+    assert set(re.findall(r"`(fsdp_\w+)", section)) == set(metric_names.SERVED)
 
 
 def test_endpoint_serves_moving_step_counter(tmp_path, tiny_cache):
     """Checked against a real HTTP scrape of a 2-rank CPU run with --metrics-port: every
     contract metric is served by local rank 0, and the step gauge, the step counter and the
     last-step timestamp move between two scrapes while the loss is a finite positive number;
-    after an evaluation the validation loss is too, and its perplexity is exp of it."""
+    after an evaluation the validation loss is too, and its perplexity is exp of it; the node
+    check's gauges hold the figures of its record in the metrics file."""
     port = free_port()
     cmd = torchrun_cmd(2) + [*TINY_FLAGS, "--max-steps", "12", "--batch-size", "4",
                              "--cache-dir", str(tiny_cache), "--metrics-port", str(port),
                              "--checkpoint-dir", str(tmp_path / "ckpt"),
-                             "--checkpoint-every", "2", "--eval-every", "2"]
+                             "--checkpoint-every", "2", "--eval-every", "2",
+                             "--metrics-file", str(tmp_path / "metrics.jsonl")]
     proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(FSDP_EKS_TEST_STEP_DELAY_S="0.4"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -70,7 +81,8 @@ def test_endpoint_serves_moving_step_counter(tmp_path, tiny_cache):
         if proc.poll() is None:
             proc.kill()
     Run(proc.returncode, out, tmp_path).check()
-    assert set(CONTRACT) <= set(first), sorted(set(CONTRACT) - set(first))
+    served = {name.split("{")[0] for name in first}
+    assert set(metric_names.SERVED) <= served, sorted(set(metric_names.SERVED) - served)
     assert second["fsdp_train_steps_total"] > first["fsdp_train_steps_total"]
     assert (second["fsdp_train_last_step_timestamp_seconds"]
             > first["fsdp_train_last_step_timestamp_seconds"])
@@ -84,6 +96,17 @@ def test_endpoint_serves_moving_step_counter(tmp_path, tiny_cache):
     assert 0 < second["fsdp_train_eval_loss"] < 20
     assert second["fsdp_train_eval_perplexity"] == pytest.approx(
         math.exp(second["fsdp_train_eval_loss"]), rel=1e-9)
+    # The node check at the start: its figures, as its record in the metrics file has them.
+    (check,) = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
+                if "node_check/passed" in r]
+    for row in check["node_check/bandwidth"]:
+        key = (f'{metric_names.NODE_CHECK_BUSBW}{{collective="{row["collective"]}",scope="job",'
+               f'unit="{row["unit"]}"}}')
+        assert second[key] == pytest.approx(row["busbw_gbs"]), key
+    (storage,) = [r for r in check["node_check/results"] if r["check"] == "checkpoint dir"]
+    assert second[f'{metric_names.NODE_CHECK_STORAGE}{{direction="write"}}'] == pytest.approx(
+        storage["values"]["write_mbs"])
+    assert second[metric_names.NODE_CHECK_SECONDS] == pytest.approx(check["node_check/seconds"])
 
 
 def _wait_for(port: int, proc: subprocess.Popen, ready, timeout: float = 90) -> dict:

@@ -1,0 +1,155 @@
+"""The node check as the stack runs it: its thresholds on the job's command line, the one-off
+check job of the stack output ``node_check_command``, and that command run against stand-ins
+for ``pulumi`` and ``kubectl``.
+
+Checked against: the published bus bandwidths the hardware rows cite (NVIDIA/nccl#527 for the
+A100 / 400 Gbit/s EFA instances, NVIDIA's 480 GB/s NVLink 4 figure, the EKS maintainers' p5
+NCCL test in aws/aws-k8s-tester#503) at the stated margin of one half; the pod's own devices and
+/dev/shm volume; the Training Operator v1.9.4 PyTorchJob CRD; the training package's parser.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from components.hardware import PROFILES
+from components.settings import JobSettings
+from components.training_job import pod_monitor_manifest, pytorchjob_manifest, training_command
+from tests.harness import Recording, container, job_of, job_settings, worker
+from tests.infra.test_workload import crd_schema, undeclared_keys
+from training.config import build_parser, config_from_namespace
+
+IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp-eks-p5/training:0123@sha256:" + "b" * 64
+PUBLISHED = {"p4de": {"node": 230.8, "efa": 57.2}, "p5": {"node": 480.0, "efa": 125.0}}
+"""GB/s, from the sources the hardware table names (components/hardware.py NODE_CHECK_SOURCES);
+the floors are rounded to 0.1 GB/s."""
+MARGIN = 0.5
+
+
+def render(job: JobSettings = JobSettings(), profile: str = "p5", check_only: bool = False) -> dict:
+    return pytorchjob_manifest(job, PROFILES[profile], image=IMAGE, namespace="training",
+                               rdzv_host="etcd.training.svc", hf_secret="hf-token",
+                               shared_claim="fsx-claim", check_only=check_only)
+
+
+def same_flags(check: dict, train: dict) -> bool:
+    """The check's flags are the job's, its own run directory in place of the run's."""
+    names = check["metadata"]["name"], train["metadata"]["name"]
+    return [a.replace(*names) for a in container(check)["command"][3:]] == container(train)["command"][3:]
+
+
+def parsed(command: list[str]):
+    return config_from_namespace(build_parser().parse_args(command[3:])).node_check
+
+
+@pytest.mark.parametrize("profile", ["p4de", "p5"])
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_thresholds_are_the_profiles_published_figures_at_half(profile, nodes):
+    job = render(job_settings(nodes=nodes, min_nodes=nodes, max_nodes=nodes), profile)
+    c = container(job)
+    check = parsed(c["command"])
+    over_all = PUBLISHED[profile]["efa" if nodes > 1 else "node"] * MARGIN
+    assert check.node_check_min_busbw_gbs == pytest.approx(over_all, abs=0.06)
+    assert check.node_check_min_node_busbw_gbs == pytest.approx(PUBLISHED[profile]["node"] * MARGIN, abs=0.06)
+    assert check.node_check_gpus == int(c["resources"]["limits"]["nvidia.com/gpu"])
+    assert check.node_check_efa == int(c["resources"]["limits"]["vpc.amazonaws.com/efa"])
+    (shm,) = [v for v in worker(job)["template"]["spec"]["volumes"] if v["name"] == "shm"]
+    assert f"{check.node_check_min_shm_gib:g}Gi" == shm["emptyDir"]["sizeLimit"]
+    assert check.node_check is True and check.node_check_timeout_s == 300
+
+
+@pytest.mark.parametrize("efa, floor", [(16, 125.0 * MARGIN / 2), (0, 0.0)])
+def test_fewer_efa_interfaces_lower_the_floor_and_none_checks_none(efa, floor):
+    """Half the p5's 32 interfaces carry half the bandwidth; without EFA NCCL uses sockets, as
+    asked, and the figure is reported only."""
+    job = dataclasses.replace(JobSettings(), efa_per_node=efa)
+    assert parsed(training_command(job, PROFILES["p5"])).node_check_min_busbw_gbs == pytest.approx(floor, abs=0.06)
+
+
+def test_the_check_job_runs_only_the_check_with_the_jobs_flags():
+    train, check = render(), render(check_only=True)
+    assert check["metadata"]["name"].startswith("node-check-")
+    assert container(check)["command"][:3] == ["torchrun", "-m", "training.node_check"]
+    assert same_flags(check, train)
+    # A failed check fails once: no restart in the pod (torchrun) or of the pod (operator).
+    assert check["spec"]["elasticPolicy"]["maxRestarts"] == 0
+    assert check["spec"]["runPolicy"]["backoffLimit"] == 0
+    assert worker(check)["restartPolicy"] == "Never"
+    assert worker(check)["replicas"] == worker(train)["replicas"]
+    assert container(check)["resources"] == container(train)["resources"]
+
+
+def test_the_check_job_validates_against_the_crd_and_is_not_scraped():
+    check = render(check_only=True)
+    errors = [e.message for e in jsonschema.Draft4Validator(crd_schema()).iter_errors(check)]
+    assert not errors, errors
+    assert undeclared_keys(check["spec"], crd_schema()["properties"]["spec"], "spec") == []
+    selector = pod_monitor_manifest("training")["spec"]["selector"]["matchLabels"]
+    labels = worker(check)["template"]["metadata"]["labels"]
+    assert not selector.items() <= labels.items(), "the PodMonitor would scrape the check's pods"
+    assert selector.items() <= worker(render())["template"]["metadata"]["labels"].items()
+
+
+def test_workers_name_their_kubernetes_node():
+    env = {e["name"]: e for e in container(render())["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+# --------------------------------------------------------------------------- the stack output
+def test_outputs_give_the_check_job_and_its_command(recording: Recording):
+    e = recording.exports
+    manifest, job = e["node_check_manifest"], job_of(recording)
+    assert manifest["metadata"]["name"].startswith("node-check-")
+    assert same_flags(manifest, job)
+    assert container(manifest)["image"] == container(job)["image"]
+    assert manifest["metadata"]["name"] in e["node_check_command"]
+    assert not {"node_check_manifest", "node_check_command"} & recording.secret_exports
+
+
+FAKE_KUBECTL = """#!/bin/sh
+echo "kubectl $*" >> "$CALLS"
+case "$*" in
+  *"create -f -"*) cat > "$CREATED" ;;
+  *"get pytorchjob"*"status==\\"True\\""*) echo "Created Running Succeeded" ;;
+  *"get pytorchjob"*"conditions[-1]"*) echo Succeeded ;;
+  *logs*) printf '%s\\n' \\
+    'worker-1/pytorch 10:00:01 [rank 8] WARNING a warning from another rank' \\
+    'worker-0/pytorch 10:00:02 [rank 0] INFO node check: PASSED in 9.1 s, 16 ranks on 2 node(s)' \\
+    'worker-0/pytorch 10:00:02 [rank 0] INFO   all_reduce  root  1,048.576  ...' ;;
+esac
+"""
+
+
+def test_the_check_command_creates_waits_prints_rank_0s_table_and_cleans_up(recording: Recording, tmp_path: Path):
+    """The exported command run by bash with ``pulumi`` and ``kubectl`` stand-ins on PATH: it
+    creates exactly the exported manifest, polls until the job finished, prints rank 0's lines
+    (the table) and no other rank's, and deletes the job."""
+    e = recording.exports
+    manifest = e["node_check_manifest"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pulumi").write_text(f"#!/bin/sh\necho \"$*\" > \"$PULUMI_ARGS\"\ncat <<'EOF'\n"
+                                    f"{json.dumps(manifest, indent=2)}\nEOF\n")
+    (bin_dir / "kubectl").write_text(FAKE_KUBECTL)
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls"),
+           "CREATED": str(tmp_path / "created.json"), "PULUMI_ARGS": str(tmp_path / "pulumi_args")}
+    out = subprocess.run(["bash", "-c", e["node_check_command"]], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "pulumi_args").read_text().split() == ["stack", "output", "node_check_manifest", "--json"]
+    assert json.loads((tmp_path / "created.json").read_text()) == manifest
+    assert "[rank 0] INFO node check: PASSED" in out.stdout and "[rank 8]" not in out.stdout
+    assert out.stdout.rstrip().endswith("Succeeded")
+    ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[-1] == f"kubectl -n {ns} delete pytorchjob {name}"
+    assert any(c.startswith(f"kubectl -n {ns} logs -l fsdp-eks/run={name} -c pytorch") for c in calls)

@@ -1,0 +1,392 @@
+"""The node and fabric check (training/node_check.py): each check against files, directories
+and binaries the test makes, the failing cases included; the bandwidth path with real gloo
+processes through torchrun; a failing check stopping a fine-tune before training.
+
+Checked against: nccl-tests' definition of bus bandwidth and a published all_reduce_perf row
+(NVIDIA/nccl#527), NCCL's own connection lines from published logs (aws/aws-ofi-nccl#64,
+aws/aws-k8s-tester#464), coreutils ``df`` for file system sizes, the Llama-2-7B config.json
+(hidden 4096, intermediate 11008, 32 heads, 32 kv heads, vocab 32000) and the tiny preset's
+config (training/tiny.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.training.conftest import REPO, child_env, free_port, steps_of, train
+from training import node_check as nc
+from training.shapes import SHAPES
+from training.tiny import LLAMA_KWARGS
+
+pytestmark = pytest.mark.timeout(240)
+
+NODE = "ip-10-0-1-23.ec2.internal"
+GIB = 2**30
+
+
+def script(path: Path, body: str) -> str:
+    """An executable shell script (a stand-in for a binary of the image)."""
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def figures(results: list[nc.Result]) -> dict[str, tuple[bool | None, str]]:
+    return {r.check: (r.ok, r.figure) for r in results}
+
+
+# ----------------------------------------------------------------------------- EFA
+def make_devices(dev: Path, count: int) -> Path:
+    (dev / "infiniband").mkdir(parents=True)
+    for i in range(count):
+        (dev / "infiniband" / f"uverbs{i}").touch()
+    return dev
+
+
+FI_INFO_EFA = "\n".join(f"echo 'provider: efa'; echo '    fabric: efa'; echo '    domain: rdmap{i}s0-rdm'"
+                        for i in range(2))
+
+
+def test_efa_devices_and_libfabric_provider_pass_when_all_are_there(tmp_path):
+    dev = make_devices(tmp_path / "dev", 4)
+    fi_info = script(tmp_path / "fi_info", FI_INFO_EFA)
+    got = figures(nc.check_efa(NODE, 4, nc.efa_devices(dev), fi_info))
+    assert got["efa devices"] == (True, "4 of 4 in /dev/infiniband")
+    assert got["libfabric efa"] == (True, "fi_info -p efa: 2 efa endpoints")
+
+
+def test_a_missing_efa_device_fails_with_the_count(tmp_path):
+    dev = make_devices(tmp_path / "dev", 31)
+    ok, figure = figures(nc.check_efa(NODE, 32, nc.efa_devices(dev), None))["efa devices"]
+    assert (ok, figure) == (False, "31 of 32 in /dev/infiniband")
+
+
+def test_libfabric_without_the_efa_provider_fails_with_its_error(tmp_path):
+    dev = make_devices(tmp_path / "dev", 1)
+    fi_info = script(tmp_path / "fi_info", "echo 'fi_getinfo: -61 (No data available)' >&2; exit 1")
+    ok, figure = figures(nc.check_efa(NODE, 1, nc.efa_devices(dev), fi_info))["libfabric efa"]
+    assert ok is False
+    assert "exit 1" in figure and "No data available" in figure
+
+
+def test_no_efa_required_is_not_a_failure(tmp_path):
+    (tmp_path / "dev").mkdir()
+    ok, figure = figures(nc.check_efa(NODE, 0, nc.efa_devices(tmp_path / "dev"), None))["efa devices"]
+    assert ok is None and figure.startswith("0 found")
+
+
+# ----------------------------------------------------------------------------- limits, GPUs
+@pytest.mark.parametrize("soft, efa, ok", [
+    (64 * 1024, 32, False),               # the 64 KiB default of containerd: EFA fails
+    (resource.RLIM_INFINITY, 32, True),
+    (64 * 1024, 0, True),                 # no EFA: nothing to pin
+])
+def test_locked_memory_is_checked_against_efa(soft, efa, ok):
+    result = nc.check_locked_memory(NODE, soft, efa, mem_total=2 * 1024 * GIB)
+    assert result.ok is ok
+    assert result.figure.startswith("unlimited" if soft == resource.RLIM_INFINITY else "64 KiB")
+
+
+def test_fewer_gpus_than_promised_fail_with_both_counts():
+    assert nc.check_gpu_count(NODE, 8, 7).ok is False
+    assert nc.check_gpu_count(NODE, 8, 7).figure == "7 of 8 GPUs"
+    assert nc.check_gpu_count(NODE, 8, 8).ok is True
+
+
+class FakeNvml:
+    """NVML as nvidia-ml-py exposes it, for GPUs whose counters the test chooses; a counter
+    given as None raises NOT_SUPPORTED, as on a GPU that does not expose it."""
+
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    NVML_VOLATILE_ECC = 0
+    NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+    nvmlEventTypeXidCriticalError = 8
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, gpus: list[dict]):
+        self.gpus = gpus
+
+    def _get(self, h: int, key: str):
+        value = self.gpus[h][key]
+        if value is None:
+            raise self.NVMLError("Not Supported")
+        return value
+
+    def nvmlInit(self): pass
+    def nvmlShutdown(self): pass
+    def nvmlDeviceGetCount(self): return len(self.gpus)
+    def nvmlDeviceGetHandleByIndex(self, i): return i
+    def nvmlDeviceGetTotalEccErrors(self, h, kind, counter): return self._get(h, "ecc")
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h): return self._get(h, "pending")
+    def nvmlDeviceGetRetiredPages(self, h, cause): return self._get(h, "pages")
+    def nvmlDeviceGetRemappedRows(self, h): return self._get(h, "rows")
+
+
+HEALTHY_H100 = {"ecc": 0, "pending": None, "pages": None, "rows": (0, 0, 0, 0)}
+"""Hopper remaps rows and does not retire pages: NVML says NOT_SUPPORTED for pages."""
+
+
+def test_gpu_health_names_the_gpu_with_uncorrectable_errors():
+    nvml = FakeNvml([HEALTHY_H100, {**HEALTHY_H100, "ecc": 2}, {**HEALTHY_H100, "rows": (0, 1, 1, 0)}])
+    got = figures(nc.check_gpu_health(NODE, nvml, 3))
+    assert got["gpu 0 health"] == (True, "ECC 0, remapped rows 0")
+    assert got["gpu 1 health"] == (False, "2 uncorrectable ECC errors")
+    assert got["gpu 2 health"] == (False, "remapped rows pending a reset")
+
+
+def test_gpu_health_without_nvml_is_skipped_with_the_reason():
+    (result,) = nc.check_gpu_health(NODE, None, 8)
+    assert result.ok is None and "pynvml" in result.figure
+
+
+# ----------------------------------------------------------------------------- /dev/shm
+def df_bytes(path: Path) -> int:
+    out = subprocess.run(["df", "-B1", "--output=size", str(path)], capture_output=True, text=True,
+                         check=True).stdout
+    return int(out.split()[-1])
+
+
+def test_shm_size_is_the_file_systems_size_as_df_reports_it(tmp_path):
+    size_gib = df_bytes(tmp_path) / GIB
+    result = nc.check_shm(NODE, tmp_path, min_gib=0.001)
+    assert result.ok is True
+    assert result.values["gib"] == pytest.approx(size_gib, rel=1e-6)
+
+
+def test_a_small_shm_fails_with_its_size(tmp_path):
+    size_gib = df_bytes(tmp_path) / GIB
+    result = nc.check_shm(NODE, tmp_path, min_gib=size_gib * 2)
+    assert result.ok is False
+    assert result.figure.startswith(f"{size_gib:.1f} GiB")
+
+
+# ----------------------------------------------------------------------------- Lustre
+def fake_tree(tmp_path: Path, fstype: str, module: str | None) -> tuple[nc.Probe, Path]:
+    """proc/self/mounts with the checkpoint file system mounted at <tmp>/fsx as ``fstype``;
+    the Lustre module under sys/module or in proc/modules (``module``), or nowhere."""
+    mount = tmp_path / "fsx"
+    (mount / "runs").mkdir(parents=True)
+    proc, sys_root = tmp_path / "proc", tmp_path / "sys"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "mounts").write_text(
+        "overlay / overlay rw 0 0\n"
+        f"10.0.1.5@tcp:/abcdefgh {mount.resolve()} {fstype} rw,flock,lazystatfs 0 0\n")
+    (sys_root / "module").mkdir(parents=True)
+    if module == "sys":
+        (sys_root / "module" / "lustre").mkdir()
+    (proc / "modules").write_text("lnet 700416 1 lustre, Live 0x0\n" +
+                                  ("lustre 1044480 0 - Live 0x0\n" if module == "proc" else ""))
+    return nc.Probe(proc=proc, sys=sys_root, nvml=None, fi_info=None), mount / "runs"
+
+
+@pytest.mark.parametrize("module", ["sys", "proc"])
+def test_lustre_module_found_where_the_kernel_lists_it(tmp_path, module):
+    probe, ckpt = fake_tree(tmp_path, "lustre", module)
+    result = nc.check_lustre(NODE, ckpt, probe)
+    assert result.ok is True and result.figure.startswith("loaded")
+
+
+def test_a_lustre_checkpoint_dir_without_the_module_fails(tmp_path):
+    probe, ckpt = fake_tree(tmp_path, "lustre", None)
+    result = nc.check_lustre(NODE, ckpt, probe)
+    assert result.ok is False
+    assert result.figure == f"not loaded ({(tmp_path / 'fsx').resolve()} is lustre)"
+
+
+def test_no_lustre_needed_off_lustre(tmp_path):
+    probe, ckpt = fake_tree(tmp_path, "xfs", None)
+    result = nc.check_lustre(NODE, ckpt, probe)
+    assert result.ok is None and result.figure.endswith("is xfs")
+
+
+# ----------------------------------------------------------------------------- storage
+def test_checkpoint_dir_throughput_is_measured_and_nothing_is_left(tmp_path):
+    result = nc.check_storage(NODE, tmp_path / "ckpt", nbytes=8 * 2**20)
+    assert result.ok is True
+    assert result.values["write_mbs"] > 0 and result.values["read_mbs"] > 0
+    assert list((tmp_path / "ckpt").iterdir()) == []
+
+
+def test_an_unwritable_checkpoint_dir_fails_naming_it(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = nc.check_storage(NODE, blocker / "ckpt", nbytes=2**20)
+    assert result.ok is False
+    assert result.figure.startswith(f"{blocker / 'ckpt'} is not writable")
+
+
+def test_a_hung_check_fails_after_the_time_limit():
+    started = time.monotonic()
+    (result,) = nc._with_timeout(lambda: time.sleep(30) or [], 0.5, NODE)
+    assert time.monotonic() - started < 10
+    assert (result.ok, result.figure) == (False, "did not finish within 0.5 s")
+
+
+# ----------------------------------------------------------------------------- figures
+def test_bus_bandwidth_reproduces_a_published_nccl_tests_row():
+    """NVIDIA/nccl#527, 1 x p4dn.24xlarge (8 ranks): 1073741824 B in 8142.6 us -> algbw 131.87,
+    busbw 230.77 GB/s."""
+    algbw, busbw = nc.bus_bandwidth("all_reduce", 1073741824, 8142.6e-6, 8)
+    assert algbw == pytest.approx(131.87, abs=0.01)
+    assert busbw == pytest.approx(230.77, abs=0.01)
+
+
+def test_all_gather_bus_factor_is_n_minus_1_over_n():
+    """nccl-tests doc/PERFORMANCE.md: all-gather busbw = algbw x (n-1)/n."""
+    algbw, busbw = nc.bus_bandwidth("all_gather", 16 * 10**9, 1.0, 16)
+    assert (algbw, busbw) == (16.0, 15.0)
+
+
+def test_sizes_are_what_fsdp_moves_for_llama_2_7b():
+    """From the model's config.json: a layer is q, k, v, o (4 x 4096^2) and gate, up, down
+    (3 x 4096 x 11008) = 202,375,168 parameters; the root unit is the embedding and the head
+    (2 x 32000 x 4096). Parameters gathered in bf16, gradients reduced in fp32."""
+    sizes = {(c, u): n for c, u, n in nc.fsdp_sizes(SHAPES["llama2-7b"], param_bytes=2)}
+    assert sizes == {("all_gather", "layer"): 202_375_168 * 2, ("all_reduce", "layer"): 202_375_168 * 4,
+                     ("all_gather", "root"): 262_144_000 * 2, ("all_reduce", "root"): 262_144_000 * 4}
+
+
+@pytest.mark.parametrize("line, transport", [
+    ("ip-172-31-6-104:9922:9980 [1] NCCL INFO Channel 01 : 9[101d0] -> 0[101c0] [send] via NET/AWS Libfabric/0",
+     "EFA"),
+    ("multi-node-nccl-test-worker-0:22:28 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0",
+     "socket"),
+    ("ip-172-31-6-104:9922:9980 [1] NCCL INFO Channel 01 : 9[101d0] -> 8[101c0] via P2P/IPC/read",
+     "inside the node"),
+])
+def test_transport_comes_from_ncclS_own_connection_lines(line, transport):
+    assert nc.transport_of([line], "nccl", 16)["transport"] == transport
+
+
+def test_no_connection_line_is_reported_as_unknown_with_why(monkeypatch):
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")
+    got = nc.transport_of(["NCCL INFO Bootstrap : Using eth0"], "nccl", 16)
+    assert got["transport"] == "unknown" and "NCCL_DEBUG=WARN" in got["how"]
+
+
+# ----------------------------------------------------------------------------- real processes
+def node_check_cmd(nproc: int, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "training.node_check", "--model", "tiny", *flags]
+
+
+def report_of(metrics: Path) -> dict:
+    (record,) = [r for r in map(json.loads, metrics.read_text().splitlines()) if "node_check/passed" in r]
+    return {k.removeprefix("node_check/"): v for k, v in record.items()}
+
+
+def test_two_ranks_measure_every_fsdp_size_over_gloo(tmp_path):
+    """torchrun, 2 CPU ranks: per-node checks, and the all-reduce and all-gather at the tiny
+    model's sizes (fp32 on CPU), as a table in the log and a record in the metrics file."""
+    proc = subprocess.run(node_check_cmd(2, "--checkpoint-dir", str(tmp_path / "ckpt"),
+                                         "--metrics-file", str(tmp_path / "m.jsonl")),
+                          cwd=REPO, env=child_env(NODE_NAME=NODE), capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = report_of(tmp_path / "m.jsonl")
+    k = LLAMA_KWARGS
+    kv = k["num_key_value_heads"] * k["hidden_size"] // k["num_attention_heads"]
+    layer = (2 * k["hidden_size"] ** 2 + 2 * k["hidden_size"] * kv
+             + 3 * k["hidden_size"] * k["intermediate_size"])
+    root = 2 * k["vocab_size"] * k["hidden_size"]
+    assert {(r["collective"], r["unit"], r["bytes"]) for r in report["bandwidth"]} == {
+        ("all_gather", "layer", layer * 4), ("all_reduce", "layer", layer * 4),
+        ("all_gather", "root", root * 4), ("all_reduce", "root", root * 4)}
+    for row in report["bandwidth"]:
+        assert row["busbw_gbs"] > 0 and row["slowest_node"] == NODE
+        factor = 1.0 if row["collective"] == "all_reduce" else 0.5  # 2(n-1)/n, (n-1)/n at n=2
+        assert row["busbw_gbs"] == pytest.approx(row["algbw_gbs"] * factor)
+    assert report["passed"] and report["world_size"] == 2 and report["nodes"] == 1
+    assert report["transport"]["transport"] == "gloo (TCP)"
+    checks = {r["check"]: r for r in report["results"]}
+    assert checks["checkpoint dir"]["ok"] and checks["checkpoint dir"]["values"]["write_mbs"] > 0
+    assert "node check: PASSED" in proc.stderr and f"{NODE}  checkpoint dir" in proc.stderr
+
+
+def test_a_bandwidth_floor_not_met_fails_naming_node_rank_and_figure(tmp_path):
+    proc = subprocess.run(node_check_cmd(2, "--node-check-min-busbw-gbs", "1000000",
+                                         "--metrics-file", str(tmp_path / "m.jsonl")),
+                          cwd=REPO, env=child_env(NODE_NAME=NODE), capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode != 0
+    report = report_of(tmp_path / "m.jsonl")
+    (failure,) = report["failures"]
+    largest = max(r["bytes"] for r in report["bandwidth"] if r["collective"] == "all_reduce")
+    assert failure.startswith(f"{NODE}: all-reduce bus bandwidth all ranks: ")
+    assert f"at {largest / 1e6:,.1f} MB, below 1e+06 GB/s (slowest: rank " in failure
+    assert failure in proc.stderr
+
+
+def launch_ranks(nodes: list[str], per_node: int, *flags: str, tmp_path: Path) -> list[subprocess.Popen]:
+    """What torchrun gives the workers of a multi-node job, one process per rank, each node's
+    ranks with that node's NODE_NAME (the pod's downward API value)."""
+    port, world = free_port(), len(nodes) * per_node
+    procs = []
+    for rank in range(world):
+        env = child_env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_node),
+                        LOCAL_WORLD_SIZE=str(per_node), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                        NODE_NAME=nodes[rank // per_node])
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "training.node_check", "--model", "tiny",
+             "--metrics-file", str(tmp_path / "m.jsonl"), *flags],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def test_two_nodes_are_measured_inside_each_node_and_the_slowest_named(tmp_path):
+    procs = launch_ranks(["node-a", "node-b"], 2, "--node-check-min-node-busbw-gbs", "1000000",
+                         tmp_path=tmp_path)
+    outputs = [p.communicate(timeout=180)[0] for p in procs]
+    assert all(p.returncode != 0 for p in procs), outputs
+    report = report_of(tmp_path / "m.jsonl")
+    assert report["nodes"] == 2
+    measured = {(r["node"], r["unit"]) for r in report["node_bandwidth"]}
+    assert measured == {(n, u) for n in ("node-a", "node-b") for u in ("layer", "root")}
+    slowest = report["slowest_node"]
+    largest = max(r["bytes"] for r in report["node_bandwidth"])
+    rows = [r for r in report["node_bandwidth"] if r["bytes"] == largest]
+    assert slowest["node"] == min(rows, key=lambda r: r["busbw_gbs"])["node"]
+    (failure,) = report["failures"]
+    assert failure.startswith(f"{slowest['node']}: all-reduce bus bandwidth inside the node: ")
+
+
+def test_a_failed_check_stops_the_fine_tune_before_training(tmp_path, tiny_cache):
+    """The fine-tune with a node that lacks the EFA devices it was promised: status 1 before
+    any data, model or step, the node, the check and both counts named; the report is in the
+    metrics file."""
+    run = train(tmp_path, "--node-check-efa", "2", cache=tiny_cache, env={"NODE_NAME": NODE})
+    assert run.returncode != 0
+    assert f"{NODE}: efa devices: 0 of 2 in /dev/infiniband" in run.output
+    assert "node check failed before training" in run.output
+    assert steps_of(run.metrics_file) == {}
+    assert "step 1/" not in run.output and "data:" not in run.output
+    assert report_of(run.metrics_file)["passed"] is False
+
+
+def test_a_passing_check_is_reported_before_the_first_step(tmp_path, tiny_cache):
+    run = train(tmp_path, "--max-steps", "1", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                cache=tiny_cache).check()
+    records = [json.loads(line) for line in run.metrics_file.read_text().splitlines()]
+    assert "node_check/passed" in records[0] and records[0]["node_check/passed"] is True
+    assert "train/step" in records[1]
+    assert run.output.index("node check: PASSED") < run.output.index("step 1/")
+    assert f"{socket.gethostname()}" in run.output
+
+
+def test_no_node_check_skips_it(tmp_path, tiny_cache):
+    run = train(tmp_path, "--max-steps", "1", "--no-node-check", "--node-check-efa", "2",
+                cache=tiny_cache).check()
+    assert "node check" not in run.output
+    assert os.path.exists(run.metrics_file) and "node_check/passed" not in run.metrics_file.read_text()

@@ -27,6 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from training import hub
+from training.attention import use_document_mask
 from training.checkpoint import EVAL_LOSS_KEY, Checkpointer, TrainerState
 from training.config import JobConfig, OptimConfig, flag, parse_args
 from training.dataset import (
@@ -157,7 +158,8 @@ def parallelize_model(cfg: JobConfig, model: nn.Module, env: DistEnv,
     """A meta-device model -> attention backend, loss forward, AC, compile, fully_shard (local
     mixed precision at world size 1) -> storage for this rank's shards (uninitialised)."""
     set_sdpa_backend(cfg.model.sdpa_backend, env.device)
-    install_loss_forward(model, fused=cfg.model.loss == "fused")
+    install_loss_forward(model, fused=cfg.model.loss == "fused",
+                         document_mask=use_document_mask(cfg.model.packed_attention, env.device))
     mesh = build_mesh(cfg.parallel, env)
     wrapped = parallelize(model, cfg.parallel, mesh,
                           compute_dtype(cfg.model.precision, env.device),
@@ -248,7 +250,7 @@ def evaluate(model: nn.Module, val: PackedData, batch_size: int, env: DistEnv) -
         for rows in eval_rows(len(val), env.world_size, env.rank, batch_size):
             index = torch.tensor(rows).clamp(min=0)
             labels = val.targets[index].masked_fill(torch.tensor(rows)[:, None] < 0, IGNORE_INDEX)
-            batch = (val.inputs[index], labels, val.positions[index])
+            batch = (val.inputs[index], labels, *val.batch(index)[2:])
             sums[0] += model(*(t.to(env.device) for t in batch)).double()
             sums[1] += (labels != IGNORE_INDEX).sum().item()
     dist.all_reduce(sums)
@@ -340,9 +342,7 @@ class _Outputs:
 def _micro_batches(run: _Run, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
     indices, run.state.epoch, run.state.offset = run.sampler.next_step(run.state.epoch,
                                                                        run.state.offset)
-    return [tuple(t[i].to(device, non_blocking=True)
-                  for t in (run.data.inputs, run.data.targets, run.data.positions))
-            for i in indices]
+    return [tuple(t.to(device, non_blocking=True) for t in run.data.batch(i)) for i in indices]
 
 
 def _step(cfg: JobConfig, run: _Run, step: int, flops_token: float, peak: float | None,
@@ -440,6 +440,8 @@ def describe(cfg: JobConfig, env: DistEnv, model: nn.Module) -> dict:
         "run/sharding": strategy(model, cfg.parallel.sharding),
         "run/activation_checkpointing": cfg.parallel.activation_checkpointing,
         "run/compile": cfg.parallel.compile, "run/sdpa_backend": cfg.model.sdpa_backend,
+        "run/packed_attention": ("flex" if use_document_mask(cfg.model.packed_attention,
+                                                             env.device) else "sdpa"),
         "run/loss": cfg.model.loss, "run/precision": cfg.model.precision,
         "run/flops_per_token": flops_token,
         "run/torch": torch.__version__, "run/transformers": transformers.__version__,

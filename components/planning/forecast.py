@@ -3,7 +3,9 @@
 Speed: the MFU measured on 2 x H200 for the job's kind of step (docs/performance.md: Llama-2-7B,
 compile per block, FULL_SHARD, batch 3: 56.2 % without activation checkpointing, 46.0 % with full
 checkpointing; 48.4 % for 13B with selective; eager steps 0.774 of compiled ones, measured at
-full AC; float8 linears 1.307 x bf16, measured without AC), times the profile's bf16 peak, over
+full AC; float8 linears 1.307 x bf16, measured without AC; the dense-mask attention of packed
+rows, ``packedAttention: sdpa``, 0.842 x, measured on one H200 with documents of 200-400 tokens:
+FlexAttention's packed rows run at least at the plain rate), times the profile's bf16 peak, over
 the model's FLOPs per token (docs/design.md#measuring-speed), is one node's tokens/s per GPU (the A100 is
 assumed to reach the H100's MFU, as in the scaling model); the scaling model
 (``scaling_model.py``) then adds what FSDP's collectives cost across the job's nodes. Money: the
@@ -27,6 +29,12 @@ EAGER_FACTOR = 7643 / 9881
 """Eager over compiled tokens/s, full AC, 7B, 2 x H200."""
 FLOAT8_FACTOR = 15766 / 12065
 """float8 linears over bf16 tokens/s, no AC, compile, FULL_SHARD, 7B, 2 x H200."""
+PACKED_SDPA_FACTOR = 21113 / 25087
+"""Packed rows (about 13 documents of 200-400 tokens per row of 4,096) on the dense-mask SDPA
+path over plain causal rows, 16 layers of the 7B shape, no AC, compile, one H200, same call
+(docs/benchmarks/h200-packed/call1). Through FlexAttention the same rows ran 1.067 x the plain
+rate, so the default path keeps the plain MFU (a floor); the sdpa path is forecast as if every
+row were packed (it errs low for long records)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +61,8 @@ def forecast(shape: ModelShape, job: training_config.JobConfig, profile: Hardwar
         mfu *= EAGER_FACTOR
     if job.model.precision == "fp8":
         mfu *= FLOAT8_FACTOR
+    if job.model.packed_attention == "sdpa":
+        mfu *= PACKED_SDPA_FACTOR
     seq = job.data.seq_len
     one_node = mfu * profile.gpu_peak_bf16_flops / flops_per_token(
         shape.parameters - shape.vocab * shape.hidden, shape.layers, shape.hidden, seq)

@@ -21,6 +21,13 @@ key/value width, V vocabulary, s sequence length, b per-GPU batch, S the shard g
   ``torch.compile`` the fused elementwise kernels store less: the stored layers are scaled by
   ``COMPILED_ACTIVATION_FACTOR``, measured (docs/performance.md: 127 KB instead of 153.6 KB per
   token per layer, Llama-2-7B shape, seq 4096, batch 2-4, torch 2.11, 2 x H200).
+- **Attention masks** of packed rows (several documents per row, training/attention.py): with
+  ``packedAttention: sdpa`` the masked SDPA kernel keeps a bf16 bias of the dense
+  block-diagonal mask for backward, ``2 x b x s^2`` bytes per stored layer (measured: +1.50 GiB
+  for 16 layers at b 3, s 4096 on one H200, exactly that; docs/benchmarks/h200-packed/call1);
+  counted as if every row were packed (it errs high). FlexAttention's block mask is a few
+  int32 tables of (s / 128)^2 entries per row, shared by the layers: nothing at this scale
+  (measured: the same peak as plain causal rows).
 - **Logits**: with the package's fused loss (training/loss.py), fp32 logits and their gradient,
   ``8 x b x s x V``; the plain loss (the Hugging Face head, then ``F.cross_entropy``) holds about
   twice that, ``16 x b x s x V`` (measured: 2.3 GiB more than fused at b 3, s 4096, V 32000 on
@@ -140,6 +147,7 @@ def estimate(
     compile: bool = False,
     loss: str = "fused",
     precision: str = "bf16",
+    packed_attention: str = "flex",
 ) -> MemoryEstimate:
     """Per-GPU memory of a configuration (the formula of the module docstring)."""
     p = shape.parameters
@@ -163,6 +171,9 @@ def estimate(
     else:  # selective: every second layer checkpointed
         whole = shape.layers // 2
         activations = whole * per_layer + (shape.layers - whole) * layer_input + 2 * per_layer
+    if packed_attention == "sdpa":  # the dense mask's bias, per layer that keeps its inputs
+        kept = {"none": shape.layers, "full": 2}.get(activation_checkpointing, shape.layers // 2 + 2)
+        activations += kept * 2 * batch_size * seq_len**2
     logits = (8 if loss == "fused" else 16) * tokens * shape.vocab
     return MemoryEstimate(
         states=states / GIB,

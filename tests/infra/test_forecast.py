@@ -42,6 +42,17 @@ def test_more_nodes_move_speed_and_money_as_priced():
         bf16.usd_per_hour / (bf16.tokens_per_s * 3600 / 1e9))
 
 
+def test_dense_mask_attention_is_forecast_at_its_measured_packed_speed():
+    """Checked against the one-H200 call (docs/benchmarks/h200-packed/call1): packed rows on
+    the dense-mask path ran 21,113 tokens/s where plain rows ran 25,087; FlexAttention, the
+    default, keeps the plain rate."""
+    p5 = PROFILES["p5"]
+    flex = forecast(SEVEN, job("--activation-checkpointing", "none", "--compile"), p5, 1, 8)
+    sdpa = forecast(SEVEN, job("--activation-checkpointing", "none", "--compile",
+                               "--packed-attention", "sdpa"), p5, 1, 8)
+    assert sdpa.tokens_per_s_per_gpu / flex.tokens_per_s_per_gpu == pytest.approx(21113 / 25087, rel=0.01)
+
+
 def test_every_committed_stack_prints_time_and_money(stack):
     """The case a user meets: each stack file's job gets a line with tokens/s and $ per hour,
     and says what the price is (on demand, or a Capacity Block's rate)."""

@@ -285,3 +285,22 @@ def test_the_staged_copy_is_three_quarters_of_the_sharded_states(sharding):
                       activation_checkpointing="full")
     staged = memory_fit.staging_gib(shape, sharding=sharding, nodes=2, gpus_per_node=8)
     assert staged == pytest.approx(on_gpu.states * 12 / 16)
+
+
+def test_dense_mask_attention_stores_the_measured_bias_per_layer():
+    """Checked against the one-H200 pair (docs/benchmarks/h200-packed/call1: the same packed
+    rows, 16 layers of the 7B shape, batch 3, seq 4096, no AC, compile): the dense-mask path's
+    peak allocated exceeds FlexAttention's by the estimate's mask term within 1 %; full AC keeps
+    two layers' masks; FlexAttention adds nothing."""
+    runs = {json.loads(p.read_text())["tag"]: json.loads(p.read_text())
+            for p in (RUNS.parent / "h200-packed" / "call1").glob("ours-16l-packed-*.json")}
+    measured = (runs["ours-16l-packed-sdpa"]["memory_gib"]["peak_allocated"]
+                - runs["ours-16l-packed-flex"]["memory_gib"]["peak_allocated"])
+    s = dataclasses.replace(model_shape("meta-llama/Llama-2-7b-hf", None), layers=16)
+    common = dict(sharding="FULL_SHARD", nodes=1, gpus_per_node=1, batch_size=3, seq_len=4096, compile=True)
+    flex = estimate(s, activation_checkpointing="none", **common)
+    sdpa = estimate(s, activation_checkpointing="none", packed_attention="sdpa", **common)
+    assert sdpa.activations - flex.activations == pytest.approx(measured, rel=0.01)
+    full = {a: estimate(s, activation_checkpointing="full", packed_attention=a, **common).activations
+            for a in ("flex", "sdpa")}
+    assert full["sdpa"] - full["flex"] == pytest.approx(2 * measured / 16, rel=0.01)

@@ -49,8 +49,9 @@ from training.dist import DistEnv, init_distributed  # noqa: E402
 from training.dataset import PackedData, pack  # noqa: E402
 from training.errors import UserError  # noqa: E402
 from training.finetune import (build_model, build_scheduler, describe,  # noqa: E402
-                               parallelize_model, set_runtime_defaults, setup_logging, train_step)
+                               parallelize_model, set_runtime_defaults, train_step)
 from training.gc_schedule import GcSchedule  # noqa: E402
+from training.logs import setup_logging  # noqa: E402
 from training.metrics import peak_flops, perf_metrics  # noqa: E402
 from training.optim import build_optimizer  # noqa: E402
 from training.parallel import check_precision, strategy  # noqa: E402
@@ -423,7 +424,8 @@ def _packing_record(args: argparse.Namespace, packing: list[torch.Tensor]) -> di
 
 
 def _checkpoint_cost(step, model, optimizer, where: Path, device: torch.device) -> dict:
-    """What one checkpoint costs the training steps (issue 16), with the DCP calls of
+    """What one checkpoint costs the training steps (docs/performance.md, the checkpoint
+    cost), with the DCP calls of
     training/checkpoint.py (model and optimizer state dicts of `get_*_state_dict`).
 
     sync: the step that saves with `dcp.save` minus a plain step (the median of 5). async: the

@@ -42,6 +42,7 @@ from training.dataset import (
 from training.dist import DistEnv, all_sum, check_locked_memory, init_distributed
 from training.errors import OOM_ADVICE, UserError
 from training.export import export_hf
+from training.logs import setup_logging
 from training.loss import install_loss_forward
 from training.metrics import (
     JsonLines,
@@ -78,28 +79,6 @@ that was stopped; no final checkpoint or export."""
 
 
 # ----------------------------------------------------------------------------- setup steps
-def setup_logging(env: DistEnv) -> None:
-    """One rank-0 logger: INFO lines from rank 0, warnings from every rank, each line tagged
-    with its rank and written above the progress bar."""
-    from tqdm import tqdm
-
-    class TqdmHandler(logging.StreamHandler):
-        def emit(self, rec: logging.LogRecord) -> None:
-            tqdm.write(self.format(rec), file=sys.stderr)
-
-    handler = TqdmHandler()
-    handler.setFormatter(logging.Formatter(
-        f"%(asctime)s [rank {env.rank}] %(levelname)s %(message)s", "%H:%M:%S"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO if env.is_main else logging.WARNING)
-    for noisy in ("httpx", "huggingface_hub", "filelock", "torch.distributed.checkpoint"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()  # our own log lines say what loads
-
-
 def _file_in_the_way(paths: Sequence[Path]) -> Path | None:
     """The first of ``paths`` that exists and is not a directory (so nothing can be created
     inside it), or None."""

@@ -1,5 +1,5 @@
 """torchtitan's own trainer on the shape, data, warm-up and timing rules of `training.bench`, so
-the two can run side by side in one device call (issue 14). One JSON per run, with the fields
+the two can run side by side on one machine (docs/performance.md, "Beside torchtitan"). One JSON per run, with the fields
 of a bench JSON that the comparison reads.
 
     torchrun --nproc-per-node 1 docs/benchmarks/peer_torchtitan.py --layers 16 \\

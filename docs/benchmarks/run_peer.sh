@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# training.bench beside torchtitan (docs/benchmarks/peer_torchtitan.py) in one device call on
-# nvidia-h200 (issue 14): each configuration runs ours, then torchtitan's, back to back, so a
-# ratio is only ever taken between two runs of the same call on the same GPU.
+# training.bench beside torchtitan (docs/benchmarks/peer_torchtitan.py) on one nvidia-h200
+# machine: each configuration runs ours, then torchtitan's, back to back, so a ratio is only ever
+# taken between two runs on the same machine and GPU.
 #   bash docs/benchmarks/run_peer.sh PHASE   (from a folder holding training/, benchmarks/, whl/)
 # JSONs go to $WORK/json and are packed into $OUT/results-PHASE.tgz after every run; the last
 # lines printed are the pair table (docs/benchmarks/peer_table.py).
@@ -77,7 +77,7 @@ convergence() {  # float8 against bf16 on the Brown corpus (fp8_convergence.py):
   pack
 }
 
-phaseconv() {  # float8 convergence, the checkpoint cost of issue 16, and the float8 pair again
+phaseconv() {  # float8 convergence, the checkpoint cost, and the float8 pair again
   # after the float8-weight change
   convergence
   df -h /tmp | tee -a "$LOG"
@@ -149,7 +149,7 @@ phaseconfirm() {  # the float8 convergence on paragraph records (300 steps each)
 }
 
 phasefp8w() {  # float8 linears back on their fp32 weights (as under FSDP): its convergence run
-  # (compared with call 8's bf16 runs: the bf16 path is unchanged), its pair, the no-AC pair
+  # (compared with the bf16 runs of h200-peer/call8/: the bf16 path is unchanged), its pair, the no-AC pair
   convergence fp8
   ours ours-16l-fp8 90 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8
   titan titan-16l-fp8 90 --layers 16 --ac none --float8

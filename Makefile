@@ -20,7 +20,7 @@ demo: plan finetune
 
 plan: $(VENV)/.installed
 	@$(MAKE) --no-print-directory tools-or-skip
-	$(PY) -m components.offline --stack $(STACK) --out $(OUT)/$(STACK)
+	$(PY) -m offline --stack $(STACK) --out $(OUT)/$(STACK)
 
 finetune: $(VENV)/.installed
 	bash training/demo.sh $(OUT)/finetune

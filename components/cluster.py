@@ -1,14 +1,15 @@
 """The EKS cluster: control plane, core add-ons, system node group, Kubernetes provider.
 
-``EksCluster`` creates one; ``ExistingCluster`` attaches to one the user already runs. Both
-expose ``cluster_name``, ``kubeconfig`` (secret) and ``provider``, the Kubernetes provider that
-every in-cluster object uses explicitly.
+``EksCluster`` creates one; ``ExistingCluster`` attaches to one the user already runs. Both are
+a ``KubernetesCluster``, the one protocol the in-cluster layers deploy onto.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import pulumi
 import pulumi_aws as aws
@@ -43,6 +44,21 @@ ACCESS_POLICIES = {
 }
 """EKS access policies of ``cluster.adminRoleArns`` and ``cluster.viewerRoleArns`` (EKS user guide,
 "Associate access policies with access entries"), cluster-wide."""
+
+
+@runtime_checkable
+class KubernetesCluster(Protocol):
+    """What every in-cluster layer needs of a cluster, created here or already running."""
+
+    cluster_name: pulumi.Input[str]
+    kubeconfig: pulumi.Output[str]
+    """Secret: how a client reaches and authenticates to the API server."""
+    provider: k8s.Provider
+    """The Kubernetes provider every in-cluster object uses explicitly."""
+    system_node_selector: dict[str, str]
+    """Where system workloads (etcd, the operator, monitoring) run; {} on a cluster not ours."""
+    ready: Sequence[pulumi.Resource]
+    """What in-cluster objects wait for: nodes and add-ons their pods need ([] when they exist)."""
 
 
 def access_grants(settings: ClusterSettings) -> dict[str, tuple[str, str]]:

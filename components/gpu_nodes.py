@@ -16,8 +16,8 @@ import pulumi_aws as aws
 import yaml
 
 from components import versions
-from components.hardware import HardwareProfile
 from components.node_metadata import metadata_options
+from components.planning.hardware import HardwareProfile
 from components.settings import GpuNodeSettings
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}

@@ -29,7 +29,7 @@ is raised at once in one ``SettingsError``, as the parse does:
 And a warning, no error: a Kubernetes version past (or within 30 days of) its EKS standard
 support end (``versions.standard_support_warning``).
 
-Under mocks (components/offline.py) the invokes are answered from example tables.
+Under mocks (offline/mocks.py) the invokes are answered from example tables.
 """
 
 from __future__ import annotations

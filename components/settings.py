@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from components import versions
-from components.hardware import HardwareProfile
+from components.planning.hardware import HardwareProfile
 from training import config as training_config
 from training.config import JobConfig
 

@@ -23,7 +23,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal, Union
 
-from components.hardware import PROFILES
+from components.planning.hardware import PROFILES
 from components.settings import (
     NAMESPACE,
     SCALAR_KEYS,
@@ -242,7 +242,7 @@ def parse_settings(
     profile = PROFILES.get(profile_name)
     if profile is None:
         problems.append(
-            Problem("profile", profile_name, f"use one of {', '.join(PROFILES)} (components/hardware.py)")
+            Problem("profile", profile_name, f"use one of {', '.join(PROFILES)} (components/planning/hardware.py)")
         )
     sections = {
         key: _parse_job(raw.get(key, {}), problems) if cls is JobSettings

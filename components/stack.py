@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import pulumi
 
 from components.cluster import (
@@ -9,19 +11,41 @@ from components.cluster import (
     EksClusterArgs,
     ExistingCluster,
     ExistingClusterArgs,
+    KubernetesCluster,
 )
 from components.device_plugins import DevicePlugins, DevicePluginsArgs
-from components.forecast import preview_line
 from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
 from components.network import Network, NetworkArgs
 from components.observability import EksAddonTarget, Observability, ObservabilityArgs
+from components.planning.forecast import forecast, forecast_line
+from components.planning.memory_fit import model_shape
 from components.preflight import preflight
 from components.registry import TrainingImage, TrainingImageArgs
-from components.settings import Settings
+from components.settings import Settings, gpus_per_node
 from components.settings_parser import load_settings
 from components.storage import SharedClaim, SharedStorage, SharedStorageArgs
 from components.training_job import TrainingJob, TrainingJobArgs
 from components.training_operator import TrainingOperator, TrainingOperatorArgs
+from training import config as training_config
+
+
+class Export(StrEnum):
+    """The stack's outputs (``pulumi stack output <name>``), by the names the tests use too."""
+
+    CLUSTER_NAME = "cluster_name"
+    KUBECONFIG = "kubeconfig"
+    GPU_NODES_COMMAND = "gpu_nodes_command"
+    GPU_NODE_GROUP = "gpu_node_group"
+    GPU_SCALE_TO_ZERO_COMMAND = "gpu_scale_to_zero_command"
+    FSX_FILE_SYSTEM_ID = "fsx_file_system_id"
+    GRAFANA_COMMAND = "grafana_command"
+    JOB_NAME = "job_name"
+    IMAGE_REF = "image_ref"
+    JOB_STATUS_COMMAND = "job_status_command"
+    JOB_LOGS_COMMAND = "job_logs_command"
+    JOB_DELETE_COMMAND = "job_delete_command"
+    NODE_CHECK_MANIFEST = "node_check_manifest"
+    NODE_CHECK_COMMAND = "node_check_command"
 
 
 def gpu_nodes_command(profile_instance_type: str) -> str:
@@ -34,6 +58,19 @@ def gpu_nodes_command(profile_instance_type: str) -> str:
     )
 
 
+def preview_line(settings: Settings) -> str | None:
+    """The forecast of the stack's job, or None for a model the fit check does not know."""
+    job, profile = settings.job, settings.profile
+    t = job.training
+    if t.model.model == training_config.TINY_MODEL:
+        return None
+    shape = model_shape(t.model.model, job.model_parameters)
+    if shape is None:
+        return None
+    f = forecast(shape, t, profile, job.nodes, gpus_per_node(job, profile))
+    return forecast_line(f, profile, job.nodes)
+
+
 def scale_to_zero_command(cluster_name: str, node_group: str, max_size: int, region: str) -> str:
     """The AWS CLI command that scales the GPU node group to zero nodes (the instances terminate;
     the next ``pulumi up`` sets the stack file's sizes again)."""
@@ -41,7 +78,7 @@ def scale_to_zero_command(cluster_name: str, node_group: str, max_size: int, reg
             f"--scaling-config minSize=0,maxSize={max_size},desiredSize=0 --region {region}")
 
 
-def build_stack(settings: Settings) -> dict[str, object]:
+def build_stack(settings: Settings) -> dict[Export, object]:
     """Check ``settings`` against the account (``preflight``: zones, offerings, GPU quota, the
     deploying role, add-on pins), then create every component and return the stack outputs: the
     cluster (new or existing, with its GPU nodes and shared storage), the device plugins,
@@ -53,7 +90,7 @@ def build_stack(settings: Settings) -> dict[str, object]:
     line = preview_line(settings)
     if line:
         pulumi.log.info(line)  # time and money, before anything is created
-    outputs: dict[str, object] = {}
+    outputs: dict[Export, object] = {}
     if settings.creates_cluster:
         cluster, shared, gpu_nodes = _new_cluster(settings, outputs)
     else:
@@ -65,9 +102,9 @@ def build_stack(settings: Settings) -> dict[str, object]:
     )
     # Before the training job: its PodMonitor needs the monitoring CRDs (depends_on=[observability]).
     observability = _observability(settings, cluster, outputs)
-    outputs["cluster_name"] = cluster.cluster_name
-    outputs["kubeconfig"] = cluster.kubeconfig
-    outputs["gpu_nodes_command"] = gpu_nodes_command(settings.profile.instance_type)
+    outputs[Export.CLUSTER_NAME] = cluster.cluster_name
+    outputs[Export.KUBECONFIG] = cluster.kubeconfig
+    outputs[Export.GPU_NODES_COMMAND] = gpu_nodes_command(settings.profile.instance_type)
     outputs.update(_training(settings, cluster, monitoring=[observability] if observability else None, shared=shared))
     return outputs
 
@@ -78,15 +115,15 @@ def _existing_claim(settings: Settings) -> SharedClaim | None:
     return None if name is None else SharedClaim(name=name)
 
 
-def _existing_cluster(settings: Settings) -> ExistingCluster:
+def _existing_cluster(settings: Settings) -> KubernetesCluster:
     return ExistingCluster(
         "cluster", ExistingClusterArgs(name=settings.cluster.existing_cluster_name, region=settings.region)
     )
 
 
 def _new_cluster(
-    settings: Settings, outputs: dict[str, object]
-) -> tuple[EksCluster, SharedClaim | None, list[pulumi.Resource]]:
+    settings: Settings, outputs: dict[Export, object]
+) -> tuple[KubernetesCluster, SharedClaim | None, list[pulumi.Resource]]:
     """Network, EKS cluster, GPU node group and (with FSx) the shared storage; adds their outputs.
     Returns the cluster, the checkpoint claim (FSx's, else an existing one, else None) and the GPU
     node group (what the device plugins wait for)."""
@@ -127,9 +164,9 @@ def _new_cluster(
             can_join=cluster.nodes_can_join,
         ),
     )
-    outputs["gpu_node_group"] = gpu.node_group_name
+    outputs[Export.GPU_NODE_GROUP] = gpu.node_group_name
     # The end of every run (README, quickstart): idle GPU nodes bill by the hour (alert GpuNodesIdle).
-    outputs["gpu_scale_to_zero_command"] = gpu.node_group_name.apply(
+    outputs[Export.GPU_SCALE_TO_ZERO_COMMAND] = gpu.node_group_name.apply(
         lambda group: scale_to_zero_command(settings.name, group, settings.gpu_nodes.max_size, settings.region))
     if not settings.storage.fsx:
         return cluster, _existing_claim(settings), [gpu.node_group]
@@ -147,12 +184,12 @@ def _new_cluster(
             ready=cluster.ready,
         ),
     )
-    outputs["fsx_file_system_id"] = storage.file_system_id
+    outputs[Export.FSX_FILE_SYSTEM_ID] = storage.file_system_id
     return cluster, storage.claim, [gpu.node_group]
 
 
 def _observability(
-    settings: Settings, cluster: EksCluster | ExistingCluster, outputs: dict[str, object]
+    settings: Settings, cluster: KubernetesCluster, outputs: dict[Export, object]
 ) -> Observability | None:
     """The monitoring stack when enabled (None otherwise); adds the Grafana command to outputs."""
     if not settings.observability.enabled:
@@ -177,16 +214,16 @@ def _observability(
             ready=cluster.ready,
         ),
     )
-    outputs["grafana_command"] = observability.grafana_port_forward_command
+    outputs[Export.GRAFANA_COMMAND] = observability.grafana_port_forward_command
     return observability
 
 
 def _training(
     settings: Settings,
-    cluster: EksCluster | ExistingCluster,
+    cluster: KubernetesCluster,
     monitoring: list[pulumi.Resource] | None = None,
     shared: SharedClaim | None = None,
-) -> dict[str, object]:
+) -> dict[Export, object]:
     """The image, the Training Operator and the job; returns their outputs.
 
     ``monitoring``: the stack that installs the PodMonitor CRD (None: no PodMonitor);
@@ -213,13 +250,13 @@ def _training(
         ),
     )
     return {
-        "job_name": job.job_name,
-        "image_ref": image.ref,
-        "job_status_command": job.commands["job_status_command"],
-        "job_logs_command": job.commands["job_logs_command"],
-        "job_delete_command": job.commands["job_delete_command"],
-        "node_check_manifest": job.node_check_manifest,
-        "node_check_command": job.commands["node_check_command"],
+        Export.JOB_NAME: job.job_name,
+        Export.IMAGE_REF: image.ref,
+        Export.JOB_STATUS_COMMAND: job.status_command,
+        Export.JOB_LOGS_COMMAND: job.logs_command,
+        Export.JOB_DELETE_COMMAND: job.delete_command,
+        Export.NODE_CHECK_MANIFEST: job.node_check_manifest,
+        Export.NODE_CHECK_COMMAND: job.node_check_command,
     }
 
 

@@ -59,7 +59,7 @@ import pulumi_kubernetes as k8s
 
 from components import rendezvous
 from components.gpu_nodes import GPU_TOLERATION
-from components.hardware import HardwareProfile
+from components.planning.hardware import HardwareProfile
 from components.settings import JobSettings, gpus_per_node, job_node_bounds
 from components.storage import SharedClaim
 from training import config as training_config
@@ -86,10 +86,6 @@ SHM_GIB = 64
 SHM_SIZE = f"{SHM_GIB}Gi"
 NCCL_TRACE_BUFFER_SIZE = 2000
 """Flight-recorder entries kept per process (collectives in flight when a hang is dumped)."""
-CPU_PER_GPU = 8
-MEMORY_GIB_PER_GPU = 96
-"""Requests per GPU: what both profiles have after system reservations (p4de: 12 vCPU and
-144 GiB per GPU, p5: 24 vCPU and 256 GiB). Requests only: memory above them is usable."""
 MAX_NAME = 50
 """The job name plus ``-worker-<index>`` must stay a 63-character DNS label (pod and Service)."""
 HASH_LENGTH = 10
@@ -158,7 +154,7 @@ def efa_per_node(job: JobSettings, profile: HardwareProfile) -> int:
 
 def node_check_thresholds(job: JobSettings, profile: HardwareProfile) -> dict[str, object]:
     """What the node check must find (training/node_check.py): the GPUs and EFA devices the pod
-    requests, the pod's /dev/shm, and the profile's bus bandwidth floors (components/hardware.py):
+    requests, the pod's /dev/shm, and the profile's bus bandwidth floors (components/planning/hardware.py):
     over all ranks the EFA floor when the job may span nodes (scaled to the EFA interfaces
     requested; none without EFA: sockets are what was asked for), else the NVLink floor."""
     efa = efa_per_node(job, profile)
@@ -250,7 +246,8 @@ def _pod_template(
         "ports": ports,
         "securityContext": dict(WORKER_SECURITY["container"]),
         "resources": {
-            "requests": {"cpu": str(CPU_PER_GPU * gpus), "memory": f"{MEMORY_GIB_PER_GPU * gpus}Gi", **devices},
+            "requests": {"cpu": str(profile.pod_cpu_per_gpu * gpus),
+                         "memory": f"{profile.pod_memory_gib_per_gpu * gpus}Gi", **devices},
             "limits": dict(devices),
         },
         "volumeMounts": [
@@ -392,6 +389,26 @@ def hf_secret_metadata(namespace: str) -> dict:
     return {"name": HF_SECRET, "namespace": namespace, "labels": dict(LABELS)}
 
 
+def status_command(namespace: str, name: str) -> str:
+    """kubectl that shows the run's state and events."""
+    return f"kubectl -n {namespace} describe pytorchjob {name}"
+
+
+def logs_command(namespace: str, name: str, max_nodes: int) -> str:
+    """kubectl that follows the run's log. With elastic rendezvous no pod is the fixed master:
+    ranks are assigned at rendezvous, so the leader (global rank 0) may be any worker. Follow
+    every worker and keep the lines of rank 0, the only rank that logs at INFO (step, loss,
+    tokens/s, MFU)."""
+    return (f"kubectl -n {namespace} logs -f -l {RUN_LABEL}={name} -c {CONTAINER} --prefix "
+            f"--max-log-requests={max_nodes} | grep --line-buffered -F '[rank 0]'")
+
+
+def delete_command(namespace: str, name: str) -> str:
+    """kubectl that deletes the run: that frees the GPUs; a later `pulumi up` (after a refresh)
+    starts the run again."""
+    return f"kubectl -n {namespace} delete pytorchjob {name}"
+
+
 def node_check_command(namespace: str, name: str, max_nodes: int, timeout_s: int) -> str:
     """Create the one-off node check job from the stack output ``node_check_manifest``, wait until
     it succeeded or failed, print rank 0's table, the job's end state, and delete the job (its
@@ -409,22 +426,6 @@ def node_check_command(namespace: str, name: str, max_nodes: int, timeout_s: int
         f"{job} -o jsonpath='{{.status.conditions[-1].type}}{{\"\\n\"}}'; "
         f"kubectl -n {namespace} delete pytorchjob {name}"
     )
-
-
-def kubectl_commands(namespace: str, name: str, max_nodes: int) -> dict[str, str]:
-    """Ready-to-paste commands for a run."""
-    return {
-        "job_status_command": f"kubectl -n {namespace} describe pytorchjob {name}",
-        # With elastic rendezvous no pod is the fixed master: ranks are assigned at rendezvous,
-        # so the leader (global rank 0) may be any worker. Follow every worker and keep the
-        # lines of rank 0, the only rank that logs at INFO (step, loss, tokens/s, MFU).
-        "job_logs_command": (
-            f"kubectl -n {namespace} logs -f -l {RUN_LABEL}={name} -c {CONTAINER} --prefix "
-            f"--max-log-requests={max_nodes} | grep --line-buffered -F '[rank 0]'"
-        ),
-        # Deleting it by hand frees the GPUs; a later `pulumi up` (after a refresh) starts the run again.
-        "job_delete_command": f"kubectl -n {namespace} delete pytorchjob {name}",
-    }
 
 
 # --------------------------------------------------------------------------- the component
@@ -523,12 +524,15 @@ class TrainingJob(pulumi.ComponentResource):
         self.job_name = self.manifest.apply(lambda m: m["metadata"]["name"])
         max_nodes = job_node_bounds(args.job)[1]
         check_timeout_s = args.job.training.node_check.node_check_timeout_s
-        self.commands = pulumi.Output.all(self.job_name, self.node_check_manifest).apply(
-            lambda a: {**kubectl_commands(ns, a[0], max_nodes),
-                       "node_check_command": node_check_command(
-                           ns, a[1]["metadata"]["name"], max_nodes, check_timeout_s)})
-        self.register_outputs({"job_name": self.job_name, "namespace": ns, "commands": self.commands,
-                               "node_check_manifest": self.node_check_manifest})
+        self.status_command = self.job_name.apply(lambda n: status_command(ns, n))
+        self.logs_command = self.job_name.apply(lambda n: logs_command(ns, n, max_nodes))
+        self.delete_command = self.job_name.apply(lambda n: delete_command(ns, n))
+        self.node_check_command = self.node_check_manifest.apply(
+            lambda m: node_check_command(ns, m["metadata"]["name"], max_nodes, check_timeout_s))
+        self.register_outputs({"job_name": self.job_name, "namespace": ns, "status_command": self.status_command,
+                               "logs_command": self.logs_command, "delete_command": self.delete_command,
+                               "node_check_manifest": self.node_check_manifest,
+                               "node_check_command": self.node_check_command})
 
     def _shared_claim(
         self, name: str, shared: SharedClaim | None, opts: pulumi.ResourceOptions

@@ -294,4 +294,4 @@ TRAINING_IMAGE_BUILD_ARGS: dict[str, str] = {
 """Build arguments of ``training/Dockerfile``; they are also its ``ARG`` defaults (a test checks
 that both agree), so ``docker build training/`` alone builds the same image."""
 TRAINING_IMAGE_PLATFORM = "linux/amd64"
-"""p4de and p5 are x86_64."""
+"""The GPU profiles are x86_64 (a Grace-based type, such as p6e-gb200, would need an arm64 image)."""

@@ -13,15 +13,6 @@ from typing import Any, NoReturn
 import pytest
 
 from components import versions
-from components.offline import (
-    DUMMY_SECRETS,
-    STACKS,
-    Recording,
-    Registration,
-    is_secret_value,
-    run_program,
-    stack_config,
-)
 from components.settings import (
     SECRET_KEYS,
     JobSettings,
@@ -31,6 +22,9 @@ from components.settings import (
     training_defaults,
 )
 from components.settings_parser import parse_settings
+from offline.mocks import run_program
+from offline.recording import Recording, Registration, is_secret_value
+from offline.stacks import DUMMY_SECRETS, STACKS, stack_config
 from training import config as training_config
 
 __all__ = ["DUMMY_SECRETS", "STACKS", "Recording", "Registration", "run_program", "stack_config", "tolerates",

@@ -1,4 +1,4 @@
-"""Alert delivery (issue 15), checked by amtool (Alertmanager 0.25, Debian's
+"""Alert delivery (SNS or Slack, README "Observability"), checked by amtool (Alertmanager 0.25, Debian's
 `prometheus-alertmanager` package) on the Alertmanager configuration the program renders into
 kube-prometheus-stack's values, and on the objects around it (the Slack Secret, the SNS role).
 
@@ -25,7 +25,7 @@ from components.observability.alert_delivery import (
     SLACK_SECRET_KEY,
     alert_names,
 )
-from components.offline import is_secret_value
+from offline.recording import is_secret_value
 from components.settings_parser import settings_warnings
 from tests.harness import (
     POD_IDENTITY,

@@ -46,8 +46,12 @@ from torch.distributed.tensor import DTensor  # noqa: E402
 from training import hub, shapes, tiny  # noqa: E402
 from training.config import JobConfig, flag, parse_args  # noqa: E402
 from training.dist import DistEnv, init_distributed  # noqa: E402
+from training.dataset import PackedData, pack  # noqa: E402
+from training.errors import UserError  # noqa: E402
 from training.finetune import (build_model, describe,  # noqa: E402
-                               parallelize_model, set_runtime_defaults, setup_logging, train_step)
+                               parallelize_model, set_runtime_defaults, train_step)
+from training.gc_schedule import GcSchedule  # noqa: E402
+from training.logs import setup_logging  # noqa: E402
 from training.metrics import peak_flops, perf_metrics  # noqa: E402
 from training.optim import build_optimizer, build_scheduler  # noqa: E402
 from training.parallel import Parallelism, check_precision  # noqa: E402
@@ -101,7 +105,60 @@ def bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--sync-every-step", action="store_true",
                    help="read the loss on the host after every step (as a per-step logger "
                         "would), to measure what that sync costs")
+    p.add_argument("--gc-every", type=int, default=0, metavar="N",
+                   help="Python's garbage collector: 0 = automatic; N = off after setup and a "
+                        "young-generation collection every N steps (training/gc_schedule.py; "
+                        "measured to change nothing, docs/performance.md)")
+    p.add_argument("--doc-lengths", metavar="MIN:MAX|FILE", default=None,
+                   help="packed rows, as the fine-tune packs its records: documents of random "
+                        "tokens (<s> ... </s>), lengths drawn uniformly from MIN..MAX tokens or "
+                        "from FILE's lengths (one integer per line), packed whole into rows with "
+                        "position ids that restart per document (attention per "
+                        "--packed-attention). Unset: rows of uniform random tokens, plain causal")
     return p
+
+
+def document_lengths(spec: str) -> list[int]:
+    """The lengths --doc-lengths draws from (each equally likely): MIN:MAX or a file."""
+    if ":" in spec and not Path(spec).exists():
+        low, _, high = spec.partition(":")
+        try:
+            lengths = list(range(int(low), int(high) + 1))
+        except ValueError:
+            lengths = []
+    else:
+        try:
+            lengths = [int(line) for line in Path(spec).read_text().split()]
+        except (OSError, ValueError) as e:
+            raise UserError(f"--doc-lengths {spec}: not MIN:MAX and not a file of integers "
+                            f"({e})") from None
+    if not lengths or min(lengths) < 2:
+        raise UserError(f"--doc-lengths {spec}: give MIN:MAX with 2 <= MIN <= MAX, or a file "
+                        "of lengths >= 2 (a document is <s>, its tokens and </s>)")
+    return lengths
+
+
+BOS_ID, EOS_ID, PAD_ID = 1, 2, 0
+"""Special token ids of the packed documents (Llama's); random tokens are drawn above them."""
+
+
+def packed_rows(gen: torch.Generator, vocab: int, rows: int, seq_len: int,
+                lengths: list[int]) -> PackedData:
+    """`rows` packed rows of random documents (`dataset.pack`, the fine-tune's packing): each
+    document <s>, random tokens, </s>, its length drawn from `lengths`. Documents are drawn
+    until the rows are closed (the next document did not fit), so each row ends as a
+    fine-tune's row does, in padding."""
+    docs, total = [], 0
+    while total < (rows + 1) * seq_len:
+        n = lengths[int(torch.randint(len(lengths), (1,), generator=gen))]
+        body = torch.randint(EOS_ID + 1, vocab, (n - 2,), generator=gen).tolist()
+        docs.append(([BOS_ID, *body, EOS_ID], [True] * n))
+        total += n
+    packed = pack(docs, seq_len, PAD_ID)
+    take = slice(0, rows)
+    return PackedData(inputs=packed.inputs[take], targets=packed.targets[take],
+                      positions=packed.positions[take], documents=packed.documents[take],
+                      stats=packed.stats)
 
 
 def _model_config(args: argparse.Namespace, seq_len: int):
@@ -171,20 +228,28 @@ def _build_model(args: argparse.Namespace, cfg: JobConfig,
     return model, parallel, f"loaded from {cfg.model.model}"
 
 
-def _stepper(cfg: JobConfig, env: DistEnv, model: nn.Module, parallel: Parallelism,
-             optimizer: torch.optim.Optimizer,
-             scheduler: torch.optim.lr_scheduler.LRScheduler) -> Callable[[], tuple]:
-    """`finetune.train_step` on fresh uniform random tokens, as a call without arguments."""
+def _stepper(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, model: nn.Module,
+             parallel: Parallelism, optimizer: torch.optim.Optimizer,
+             scheduler: torch.optim.lr_scheduler.LRScheduler,
+             packing: list[torch.Tensor]) -> Callable[[], tuple]:
+    """`finetune.train_step` on fresh random rows (uniform random tokens, or packed documents
+    with --doc-lengths; each micro-batch's documents per row are appended to `packing`), as a
+    call without arguments."""
     gen = torch.Generator().manual_seed(cfg.train.seed * 1000 + env.rank)
     b, s, vocab = cfg.train.batch_size, cfg.data.seq_len, model.config.vocab_size
+    lengths = document_lengths(args.doc_lengths) if args.doc_lengths else None
+
+    def micro_batch() -> tuple[torch.Tensor, ...]:
+        if lengths is None:
+            tokens = torch.randint(0, vocab, (b, s + 1), generator=gen)
+            return tokens[:, :-1], tokens[:, 1:]
+        rows = packed_rows(gen, vocab, b, s, lengths)
+        packing.append(rows.documents)
+        return rows.batch(torch.arange(b))
 
     def micro_batches():
-        out = []
-        for _ in range(cfg.train.grad_accum):
-            tokens = torch.randint(0, vocab, (b, s + 1), generator=gen)
-            out.append((tokens[:, :-1].to(env.device, non_blocking=True),
-                        tokens[:, 1:].to(env.device, non_blocking=True)))
-        return out
+        return [tuple(t.to(env.device, non_blocking=True) for t in micro_batch())
+                for _ in range(cfg.train.grad_accum)]
 
     def step():
         return train_step(model, parallel, optimizer, scheduler, micro_batches(),
@@ -214,7 +279,8 @@ def _warm_up(args: argparse.Namespace, step: Callable[[], tuple], device: torch.
 
 
 def _timed_steps(args: argparse.Namespace, step: Callable[[], tuple], device: torch.device,
-                 losses: list[torch.Tensor]) -> tuple[list[float], float]:
+                 losses: list[torch.Tensor],
+                 collector: GcSchedule) -> tuple[list[float], float]:
     """--bench-steps steps without a host sync between them (unless --sync-every-step);
     appends their losses. Returns (each step's time, from CUDA events on a GPU; the wall-clock
     time of all of them)."""
@@ -223,8 +289,9 @@ def _timed_steps(args: argparse.Namespace, step: Callable[[], tuple], device: to
     if cuda:
         events[0].record()
     stamps = [time.perf_counter()]
-    for _ in range(args.bench_steps):
+    for i in range(args.bench_steps):
         loss, _ = step()
+        collector.step(args.bench_warmup + i + 1)
         losses.append(loss)
         if args.sync_every_step:
             float(loss)
@@ -273,9 +340,12 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
     scheduler = build_scheduler(optimizer, cfg.optim, total=10**6)  # warm-up, then flat
     probe = _StateProbe(optimizer, device)
     timings["optimizer_s"] = time.perf_counter() - started
-    step = _stepper(cfg, env, model, parallel, optimizer, scheduler)
+    packing: list[torch.Tensor] = []
+    step = _stepper(args, cfg, env, model, parallel, optimizer, scheduler, packing)
+    collector = GcSchedule(args.gc_every)
     losses = _warm_up(args, step, device, timings)
-    step_times, wall = _timed_steps(args, step, device, losses)
+    step_times, wall = _timed_steps(args, step, device, losses, collector)
+    collector.close()
     if args.profile_steps:
         _profile(args, cfg, env, step)
     checkpoint_cost = (_checkpoint_cost(step, model, optimizer, Path(args.checkpoint_cost),
@@ -283,6 +353,7 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
     setup = _setup_record(args, cfg, env, model, parallel, source)
     record = {**setup, **_speed_record(args, cfg, env, setup["run/flops_per_token"], step_times,
                                        wall),
+              "packed": _packing_record(args, packing),
               "losses": [float(t) for t in losses],
               "memory_gib": _memory(args, env, model, probe),
               "time_to_first_step_s": timings["time_to_first_step_s"],
@@ -317,6 +388,7 @@ def _setup_record(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, model:
         "strategy": parallel.strategy(cfg.parallel.sharding),
         "wrapped": parallel.wrapped,
         "sync_every_step": args.sync_every_step,
+        "gc_every": args.gc_every,
         "memory_fraction": args.memory_fraction,
         "versions": _versions(env),
         "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCHINDUCTOR_CACHE_DIR",
@@ -336,13 +408,27 @@ def _speed_record(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, flops_
         **perf_metrics(tokens=tokens, step_time_s=wall / args.bench_steps,
                        world_size=env.world_size, flops_token=flops_token, peak=peak),
         "step_time_s": {"median": statistics.median(step_times), "min": min(step_times),
-                        "max": max(step_times), "stdev": statistics.pstdev(step_times)},
+                        "max": max(step_times), "stdev": statistics.pstdev(step_times),
+                        "max_over_median": max(step_times) / statistics.median(step_times)},
         "step_times_s": step_times,
     }
 
 
+def _packing_record(args: argparse.Namespace, packing: list[torch.Tensor]) -> dict | None:
+    """What the packed rows held (None without --doc-lengths): documents per row and the
+    padding, over every micro-batch the run drew."""
+    if not packing:
+        return None
+    docs = torch.cat(packing).double()
+    return {"doc_lengths": args.doc_lengths,
+            "documents_per_row": {"mean": float(docs.mean()), "min": int(docs.min()),
+                                  "max": int(docs.max())},
+            "micro_batches": len(packing)}
+
+
 def _checkpoint_cost(step, model, optimizer, where: Path, device: torch.device) -> dict:
-    """What one checkpoint costs the training steps (issue 16), with the DCP calls of
+    """What one checkpoint costs the training steps (docs/performance.md, the checkpoint
+    cost), with the DCP calls of
     training/checkpoint.py (model and optimizer state dicts of `get_*_state_dict`).
 
     sync: the step that saves with `dcp.save` minus a plain step (the median of 5). async: the
@@ -487,7 +573,15 @@ def main(argv: list[str] | None = None) -> int:
         bench_parser().print_help()
         print("\nAll training.finetune flags (python -m training.finetune --help) apply.")
         return 0
-    args, rest = bench_parser().parse_known_args(argv)
+    parser = bench_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.gc_every < 0:
+        parser.error(f"--gc-every must be >= 0 (0 = automatic collection), got {args.gc_every}")
+    if args.doc_lengths:
+        try:
+            document_lengths(args.doc_lengths)
+        except UserError as e:
+            parser.error(str(e))
     cfg = parse_args(rest)
     set_runtime_defaults(cfg)
     timings: dict = {"imports_s": time.perf_counter() - _STARTED}
@@ -513,10 +607,11 @@ def main(argv: list[str] | None = None) -> int:
         if record["status"] == "ok":
             mem = record["memory_gib"] or {}
             mfu = record["perf/mfu_pct"]
-            log.info("%s: %.0f tokens/s/GPU, MFU %s, step %.3f s (median %.3f), memory %s, "
-                     "first step after %.1f s -> %s", name, record["perf/tokens_per_s_per_gpu"],
-                     "n/a" if mfu is None else f"{mfu:.1f}%",
+            log.info("%s: %.0f tokens/s/GPU, MFU %s, step %.3f s (median %.3f, max %.3f), "
+                     "memory %s, first step after %.1f s -> %s", name,
+                     record["perf/tokens_per_s_per_gpu"], "n/a" if mfu is None else f"{mfu:.1f}%",
                      record["perf/step_time_s"], record["step_time_s"]["median"],
+                     record["step_time_s"]["max"],
                      json.dumps({k: round(v, 2) for k, v in mem.items()}),
                      record["time_to_first_step_s"], path)
         else:

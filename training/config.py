@@ -31,6 +31,7 @@ Precision = Literal["auto", "fp32", "bf16", "fp8"]
 ExportDtype = Literal["bf16", "fp32"]
 SdpaBackend = Literal["auto", "cudnn", "flash", "efficient"]
 LossImpl = Literal["fused", "plain"]
+PackedAttention = Literal["flex", "sdpa"]
 DataFormat = Literal["auto", "alpaca", "text", "prompt-completion", "chat", "fields"]
 
 
@@ -86,6 +87,12 @@ class ModelConfig(_Section):
     sdpa_backend: SdpaBackend = "auto"
     """First choice of attention kernel on CUDA (the others stay as fallbacks): auto (torch's
     order: flash attention 2 first), cudnn (cuDNN's fused attention), flash, efficient."""
+
+    packed_attention: PackedAttention = "flex"
+    """Attention of packed rows (several documents per row): flex (block-causal FlexAttention
+    on CUDA: tiles between two documents are skipped; training/attention.py) or sdpa (a dense
+    block-diagonal mask and a masked kernel over the whole row). On the CPU always sdpa
+    (FlexAttention has no CPU backward)."""
 
     loss: LossImpl = "fused"
     """Output head + cross-entropy: fused (chunked, never materialises the full fp32 logits;

@@ -24,15 +24,18 @@ and the rest of the row is padding (no loss). A document longer than a row is cu
 tokens (counted in `examples_truncated` / `tokens_cropped`, and a warning). Inside a row, each
 document's position ids restart at 0, and the target of each document's last token is -100.
 
-How packing and attention interact: with position ids that restart, transformers' mask builder
-(`find_packed_sequence_indices` in transformers/masking_utils.py, used by every attention
-implementation when no attention mask and no cache are given, as in training/loss.py) turns the
-causal mask into a block-diagonal causal mask, one block per document. So a document attends
-only to its own earlier tokens, at the positions it would have alone, and no target crosses a
-boundary: its logits and loss are those of the document alone (tests/training/test_data.py
-checks it to 1e-5 on the tiny model, and that the test fails when the positions do not
-restart). The cost is a masked attention kernel (no flash kernel for rows holding several
-documents) and the padding. Measured on the shipped dataset's 381 training examples (195..285
+How packing and attention interact: position ids that restart mark the documents. On CUDA
+the loss forward builds a block-causal FlexAttention mask from them (training/attention.py);
+otherwise (`--packed-attention sdpa`, or the CPU) transformers' mask builder
+(`find_packed_sequence_indices` in transformers/masking_utils.py, used when no attention mask
+and no cache are given) turns the causal mask into a dense block-diagonal one for a masked SDPA
+kernel. Either way a document attends only to its own earlier tokens, at the positions it
+would have alone, and no target crosses a boundary: its logits and loss are those of the
+document alone (tests/training/test_data.py checks it to 1e-5 on the tiny model for both paths,
+and that the test fails when the positions do not restart). A batch whose rows each hold one
+document (and padding) passes no position ids (`PackedData.batch`): the plain causal kernel.
+The dense path costs a kernel over the whole row and a mask per layer; FlexAttention skips the
+tiles between documents (docs/performance.md, "Packed rows"). Both pay for the padding. Measured on the shipped dataset's 381 training examples (195..285
 tokens each with the tiny preset's byte tokenizer): at --seq-len 512, 228 rows (most holding two
 examples), 17.9 % padding, nothing truncated; at 256, 305 rows, 3.8 % padding, 88 examples
 truncated, 76 of which lose their whole response (dropped under --mask-prompt). At Llama 2's
@@ -447,15 +450,27 @@ def tokenize(examples: list, tokenizer, mask_prompt: bool, chat: bool) -> list[t
 # ----------------------------------------------------------------------------- packing
 @dataclass(frozen=True)
 class PackedData:
-    """Packed rows: inputs, targets and position ids, each [num_rows, seq_len] int64."""
+    """Packed rows: inputs, targets and position ids, each [num_rows, seq_len] int64, and
+    the number of documents in each row ([num_rows], padding not counted)."""
 
     inputs: torch.Tensor
     targets: torch.Tensor
     positions: torch.Tensor
+    documents: torch.Tensor
     stats: dict
 
     def __len__(self) -> int:
         return self.inputs.shape[0]
+
+    def batch(self, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(inputs, targets[, positions]) of these rows. Without position ids when no row
+        holds two documents: a lone document followed by padding needs no document mask
+        (nothing attends forward, and the padding has no targets), so the model takes the
+        plain causal kernel and positions 0..n-1, which are the document's own."""
+        batch = (self.inputs[rows], self.targets[rows])
+        if bool((self.documents[rows] > 1).any()):
+            batch += (self.positions[rows],)
+        return batch
 
 
 def pack(docs: list[tuple[list[int], list[bool]]], seq_len: int, pad_id: int) -> PackedData:
@@ -479,6 +494,7 @@ def pack(docs: list[tuple[list[int], list[bool]]], seq_len: int, pad_id: int) ->
     inputs = torch.full((len(rows), seq_len), pad_id, dtype=torch.long)
     targets = torch.full((len(rows), seq_len), IGNORE_INDEX, dtype=torch.long)
     positions = torch.zeros((len(rows), seq_len), dtype=torch.long)
+    documents = torch.tensor([len(row) for row in rows], dtype=torch.long)
     for r, row in enumerate(rows):
         start = 0
         for tokens, trained in row:
@@ -496,7 +512,8 @@ def pack(docs: list[tuple[list[int], list[bool]]], seq_len: int, pad_id: int) ->
              "examples_without_targets": skipped,
              "padding_fraction": round(1 - sum(len(t) for row in rows for t, _ in row) / cells, 4),
              "target_fraction": round(float((targets != IGNORE_INDEX).sum()) / cells, 4)}
-    return PackedData(inputs=inputs, targets=targets, positions=positions, stats=stats)
+    return PackedData(inputs=inputs, targets=targets, positions=positions, documents=documents,
+                      stats=stats)
 
 
 # ----------------------------------------------------------------------------- the whole path

@@ -28,6 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from training import faults, hub
+from training.attention import use_document_mask
 from training.checkpoint import EVAL_LOSS_KEY, RUN_RECORD, Checkpointer, TrainerState
 from training.config import JobConfig, flag, parse_args
 from training.dataset import (
@@ -43,6 +44,7 @@ from training.errors import OOM_ADVICE, UserError
 from training.evaluation import Evaluator
 from training.export import export_hf
 from training.faults import Faults
+from training.logs import setup_logging
 from training.loss import install_loss_forward
 from training.metrics import (
     device_name,
@@ -70,28 +72,6 @@ log = logging.getLogger("training")
 
 
 # ----------------------------------------------------------------------------- setup steps
-def setup_logging(env: DistEnv) -> None:
-    """One rank-0 logger: INFO lines from rank 0, warnings from every rank, each line tagged
-    with its rank and written above the progress bar."""
-    from tqdm import tqdm
-
-    class TqdmHandler(logging.StreamHandler):
-        def emit(self, rec: logging.LogRecord) -> None:
-            tqdm.write(self.format(rec), file=sys.stderr)
-
-    handler = TqdmHandler()
-    handler.setFormatter(logging.Formatter(
-        f"%(asctime)s [rank {env.rank}] %(levelname)s %(message)s", "%H:%M:%S"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO if env.is_main else logging.WARNING)
-    for noisy in ("httpx", "huggingface_hub", "filelock", "torch.distributed.checkpoint"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()  # our own log lines say what loads
-
-
 def _file_in_the_way(paths: Sequence[Path]) -> Path | None:
     """The first of ``paths`` that exists and is not a directory (so nothing can be created
     inside it), or None."""
@@ -214,7 +194,8 @@ def parallelize_model(cfg: JobConfig, model: nn.Module, env: DistEnv,
     """A meta-device model -> attention backend, loss forward, AC, compile, fully_shard (local
     mixed precision at world size 1) -> storage for this rank's shards (uninitialised)."""
     set_sdpa_backend(cfg.model.sdpa_backend, env.device)
-    install_loss_forward(model, fused=cfg.model.loss == "fused")
+    install_loss_forward(model, fused=cfg.model.loss == "fused",
+                         document_mask=use_document_mask(cfg.model.packed_attention, env.device))
     mesh = build_mesh(cfg.parallel, env)
     parallel = parallelize(model, cfg.parallel, mesh,
                            compute_dtype(cfg.model.precision, env.device),
@@ -355,9 +336,7 @@ class _Run:
 def _micro_batches(run: _Run, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
     indices, run.state.epoch, run.state.offset = run.sampler.next_step(run.state.epoch,
                                                                        run.state.offset)
-    return [tuple(t[i].to(device, non_blocking=True)
-                  for t in (run.data.inputs, run.data.targets, run.data.positions))
-            for i in indices]
+    return [tuple(t.to(device, non_blocking=True) for t in run.data.batch(i)) for i in indices]
 
 
 def _step(cfg: JobConfig, run: _Run, step: int, flops_token: float, peak: float | None,
@@ -420,6 +399,8 @@ def describe(cfg: JobConfig, env: DistEnv, model: nn.Module, parallel: Paralleli
         "run/sharding": parallel.strategy(cfg.parallel.sharding),
         "run/activation_checkpointing": cfg.parallel.activation_checkpointing,
         "run/compile": cfg.parallel.compile, "run/sdpa_backend": cfg.model.sdpa_backend,
+        "run/packed_attention": ("flex" if use_document_mask(cfg.model.packed_attention,
+                                                             env.device) else "sdpa"),
         "run/loss": cfg.model.loss, "run/precision": cfg.model.precision,
         "run/flops_per_token": flops_token,
         "run/torch": torch.__version__, "run/transformers": transformers.__version__,

@@ -1,6 +1,6 @@
 """Dense bf16 peak of the GPUs fsdp-eks may run on, one row each: the denominator of MFU for the
 fine-tune and the bench (matched against torch's device name) and for the instance profiles of
-components/hardware.py (which name their GPU as torch reports it). Import-light (no torch).
+components/planning/hardware.py (which name their GPU as torch reports it). Import-light (no torch).
 
 Vendor datasheets, dense (no sparsity) bf16 tensor-core peak: NVIDIA H100 (SXM 989.5 TFLOP/s,
 PCIe 756), H200 (the H100 SXM's 989.5), H20 (148), A100 (312), A10G (125), L40S (362), L4 (121).

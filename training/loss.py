@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training import attention
 from training.dataset import IGNORE_INDEX
 
 CHUNK_ELEMENTS = 2**27
@@ -80,10 +81,14 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor,
 
 
 def _loss_forward(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor,
-                  position_ids: torch.Tensor | None = None, *, fused: bool) -> torch.Tensor:
-    # Position ids that restart per packed document make transformers build a block-diagonal
-    # causal mask (training/dataset.py's docstring); no cache, so none is built.
-    hidden = model.model(input_ids=input_ids, position_ids=position_ids,
+                  position_ids: torch.Tensor | None = None, *, fused: bool,
+                  document_mask: bool) -> torch.Tensor:
+    # Position ids that restart per packed document: a block-causal BlockMask for FlexAttention
+    # (training/attention.py), or, without one, transformers builds a dense block-diagonal
+    # causal mask for SDPA (training/dataset.py's docstring). No cache, so none is built.
+    mask = (attention.document_block_mask(position_ids)
+            if document_mask and position_ids is not None else None)
+    hidden = model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                          use_cache=False).last_hidden_state
     head = model.get_output_embeddings()
     if fused:
@@ -93,10 +98,13 @@ def _loss_forward(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tenso
                            ignore_index=IGNORE_INDEX, reduction="sum")
 
 
-def install_loss_forward(model: nn.Module, fused: bool) -> None:
+def install_loss_forward(model: nn.Module, fused: bool, document_mask: bool = False) -> None:
     """Make `model(input_ids, labels[, position_ids])` return the summed token loss (see the module docstring).
+    `document_mask`: packed rows (position ids given) attend block-causally through FlexAttention
+    (`attention.use_document_mask`).
 
     An attribute on the instance, so parameter names, state_dict keys and checkpoints are those
     of the Hugging Face model; `nn.Module.__call__` still runs the hooks FSDP2 registers.
     """
-    model.forward = functools.partial(_loss_forward, model, fused=fused)
+    model.forward = functools.partial(_loss_forward, model, fused=fused,
+                                      document_mask=document_mask)

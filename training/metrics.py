@@ -19,12 +19,7 @@ from pathlib import Path
 import torch
 
 from training.hardware import peak_bf16_flops
-
-
-def flops_per_token(params_without_embedding: int, layers: int, hidden: int,
-                    seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward) of a decoder-only transformer."""
-    return 6.0 * params_without_embedding + 12.0 * layers * hidden * seq_len
+from training.shapes import flops_per_token
 
 
 def model_flops(model: torch.nn.Module, seq_len: int) -> tuple[int, int, float]:

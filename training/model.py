@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from training import attention
 from training.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -41,12 +42,14 @@ def build_meta_model(model_dir: Path) -> nn.Module:
 
 
 def meta_model_from_config(config) -> nn.Module:
-    """The causal LM of a Hugging Face config, on the meta device, fp32 (the benchmark's path)."""
+    """The causal LM of a Hugging Face config, on the meta device, fp32 (the benchmark's path).
+    Its attention is training/attention.py's: SDPA, or FlexAttention where a block mask is
+    passed."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32,
-                                                 attn_implementation="sdpa")
+                                                 attn_implementation=attention.register())
     model.config.use_cache = False
     decoder_layers(model)  # fail early on an unsupported layout
     return model

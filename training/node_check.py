@@ -42,11 +42,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from training.config import JobConfig, NodeCheckConfig, TINY_MODEL
-from training.dist import DistEnv, RLIM_INFINITY, locked_memory_problem
+from training.config import TINY_MODEL, JobConfig, NodeCheckConfig, parse_args
+from training.dist import RLIM_INFINITY, DistEnv, init_distributed, locked_memory_problem
 from training.errors import UserError
+from training.logs import setup_logging
 from training.metrics import JsonLines
 from training.shapes import SHAPES, ModelShape, shape_of_model
+from training.tiny import LLAMA_KWARGS
 
 log = logging.getLogger(__name__)
 
@@ -358,8 +360,7 @@ def model_shape(model: str) -> tuple[str, ModelShape | None]:
     """The shape table's row for ``model`` (by hub id, or a local directory's config.json);
     the tiny preset's own shape; else the fallback's, named so."""
     if model == TINY_MODEL:
-        from training.tiny import LLAMA_KWARGS as k
-
+        k = LLAMA_KWARGS
         return "tiny", ModelShape(parameters=0, layers=k["num_hidden_layers"],
                                   hidden=k["hidden_size"], intermediate=k["intermediate_size"],
                                   heads=k["num_attention_heads"],
@@ -655,10 +656,6 @@ def format_table(report: Report) -> str:
 # ----------------------------------------------------------------------------- on its own
 def main(argv: list[str] | None = None) -> int:
     """``python -m training.node_check <the fine-tune's flags>``: only the check."""
-    from training.config import parse_args
-    from training.dist import init_distributed
-    from training.finetune import setup_logging
-
     cfg = parse_args(argv)
     # The standalone command always checks, whatever --node-check says.
     cfg = dataclasses.replace(cfg, node_check=dataclasses.replace(cfg.node_check, node_check=True))

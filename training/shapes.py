@@ -1,5 +1,6 @@
-"""The model shapes fsdp-eks knows, one row each: the memory-fit check, the bench, the scaling
-report and the fine-tune's MFU all read them here. Import-light (no torch): the Pulumi program
+"""The model shapes fsdp-eks knows, one row each, and the FLOPs per token of such a model: the
+memory-fit check, the bench, the scaling report, the forecast and the fine-tune's MFU all read
+them here. Import-light (no torch): the Pulumi program
 imports it at preview.
 
 Each row is the model's ``config.json`` on the Hugging Face hub (``hidden_size``,
@@ -82,6 +83,14 @@ HUB_IDS: dict[str, str] = {
        for suffix in ("", "-instruct")},
 }
 """Lower-cased Hugging Face model id -> its row in ``SHAPES``."""
+
+
+def flops_per_token(params_without_embedding: float, layers: int, hidden: int, seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward) of a decoder-only transformer: PaLM's
+    6 x (parameters without the input-embedding table) + 12 x layers x hidden x sequence (the
+    second term: attention's QK^T and AV matmuls; docs/design.md#measuring-speed). The fine-tune's
+    MFU and the preview's forecast both use it."""
+    return 6.0 * params_without_embedding + 12.0 * layers * hidden * seq_len
 
 
 def shape_of_model(model: str) -> ModelShape | None:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from training.export import Shards
+
 VERSION = 2
 """Bump when the preset changes, so stale cached copies are not reused (2: chat template)."""
 
@@ -89,8 +91,6 @@ def directory(cache_dir: str | None, seed: int) -> Path:
 def materialize(target: Path, seed: int) -> Path:
     """Write the preset to `target` (atomically: a half-written copy is never visible)."""
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from training.export import Shards
 
     if (target / "config.json").exists():
         return target

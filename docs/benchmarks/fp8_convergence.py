@@ -1,4 +1,4 @@
-"""float8 convergence on real text (issue 14): the same model, seed and data order trained
+"""float8 convergence on real text (docs/performance.md): the same model, seed and data order trained
 three times with `training.finetune` on one GPU: bf16, float8, bf16 again (the noise floor).
 
     python fp8_convergence.py make DIR          # random-init model directory (fixed seed)

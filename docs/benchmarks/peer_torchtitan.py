@@ -1,5 +1,5 @@
 """torchtitan's own trainer on the shape, data, warm-up and timing rules of `training.bench`, so
-the two can run side by side in one device call (issue 14). One JSON per run, with the fields
+the two can run side by side on one machine (docs/performance.md, "Beside torchtitan"). One JSON per run, with the fields
 of a bench JSON that the comparison reads.
 
     torchrun --nproc-per-node 1 docs/benchmarks/peer_torchtitan.py --layers 16 \\
@@ -19,6 +19,13 @@ step boundaries, one wall-clock interval for the mean, exactly as `training.benc
 metrics logging (a host sync) runs at step 1 only (`metrics.log_freq` past the run). The
 optimizer settings are the package's defaults (lr 2e-5, 10 warm-up steps, betas 0.9/0.95,
 eps 1e-8, no weight decay, clipping at 1.0).
+
+With `--doc-lengths` both sides train on the same packed rows: `training.bench.packed_rows`
+(documents `<s> ... </s>` packed as the fine-tune packs records, from the same generator and
+seed), and torchtitan attends block-causally with its own masks (`attn_mask_type
+block_causal`, documents cut after each EOS token: the same boundaries; `--attn flex` its
+FlexAttention, `--attn varlen` its varlen attention). Its tokenizer is a stub that only knows
+the EOS id, which is all its masks read.
 
 `datasets` is imported by torchtitan's text loaders at import time only; it is not installed
 on the GPU machine, so a stub module stands in (nothing of it is called).
@@ -69,6 +76,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--out", default="/tmp/peer")
     p.add_argument("--tag", default="")
+    p.add_argument("--doc-lengths", metavar="MIN:MAX|FILE", default=None,
+                   help="packed rows of EOS-delimited documents, the same rows as training.bench "
+                        "--doc-lengths draws (its `packed_rows`, same generator and seed), "
+                        "with torchtitan's block-causal attention over them (--attn)")
+    p.add_argument("--attn", choices=("flex", "varlen"), default="flex",
+                   help="torchtitan's attention for --doc-lengths: FlexAttention with its "
+                        "document mask, or varlen attention (cumulative lengths from the EOS "
+                        "tokens)")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="after the timed steps, profile this many (torch.profiler) and write the "
                         "Chrome trace beside the JSON, as training.bench does")
@@ -122,17 +137,27 @@ def main(argv: list[str] | None = None) -> int:
 
     init_logger()
     flavor = f"llama2_7b_{args.layers}l"
+    packed = args.doc_lengths is not None
+    attention = (dict(attn_type=args.attn, attn_mask_type="block_causal") if packed else {})
     llama3.llama3_args[flavor] = TransformerModelArgs(
         dim=4096, n_layers=args.layers, n_heads=32, n_kv_heads=32, vocab_size=32000,
-        multiple_of=256, rope_theta=10000, norm_eps=1e-5)
+        multiple_of=256, rope_theta=10000, norm_eps=1e-5, **attention)
     rank = int(os.environ.get("RANK", "0"))
     vocab = 32000
 
     def random_tokens(dp_world_size, dp_rank, tokenizer, job_config, **_):
         gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+        if packed:
+            from training.bench import document_lengths, packed_rows
+
+            lengths = document_lengths(args.doc_lengths)
 
         def batches():
             while True:
+                if packed:  # the bench's rows: documents end in </s>, torchtitan's EOS
+                    rows = packed_rows(gen, vocab, args.batch_size, args.seq_len, lengths)
+                    yield {"input": rows.inputs}, rows.targets
+                    continue
                 t = torch.randint(0, vocab, (args.batch_size, args.seq_len + 1), generator=gen)
                 yield {"input": t[:, :-1]}, t[:, 1:]
 
@@ -140,7 +165,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import dataclasses
 
-    spec = dataclasses.replace(llama3.get_train_spec(), build_tokenizer_fn=None,
+    def eos_only_tokenizer(_job_config):  # all torchtitan's block-causal masks read of it
+        from training.bench import EOS_ID
+
+        return types.SimpleNamespace(eos_id=EOS_ID)
+
+    spec = dataclasses.replace(llama3.get_train_spec(),
+                               build_tokenizer_fn=eos_only_tokenizer if packed else None,
                                build_dataloader_fn=random_tokens, build_validator_fn=None)
     register_train_spec("llama3_peer", spec)
     cfg = job_config(args, flavor)
@@ -201,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         "run/seq_len": args.seq_len, "run/gpus": world,
         "batch": {"per_gpu_sequences": args.batch_size, "per_gpu_tokens": tokens},
         "run/activation_checkpointing": args.ac, "run/compile": args.compile, "fp8": args.float8,
+        "packed": ({"doc_lengths": args.doc_lengths, "attn_type": args.attn,
+                    "attn_mask_type": "block_causal"} if packed else None),
         "strategy": ("FULL_SHARD (fully_shard)" if trainer.parallel_dims.fsdp_enabled
                      else "none: bf16 autocast over fp32 weights"),
         "versions": {"torch": torch.__version__, "cuda": torch.version.cuda},
@@ -209,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         "perf/tokens_per_s_per_gpu": per_gpu,
         "perf/mfu_pct": 100.0 * per_gpu * flops_token / 989.5e12,
         "perf/step_time_s": wall / args.steps,
-        "step_time_s": {"median": statistics.median(times), "min": min(times), "max": max(times)},
+        "step_time_s": {"median": statistics.median(times), "min": min(times), "max": max(times),
+                        "max_over_median": max(times) / statistics.median(times)},
         "step_times_s": times,
         "first_step_s": first,
         "memory_gib": {"peak_allocated": torch.cuda.max_memory_allocated(device) / 2**30,

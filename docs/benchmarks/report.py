@@ -13,16 +13,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from components.hardware import PROFILES  # noqa: E402
+from components.planning.hardware import PROFILES  # noqa: E402
+from components.planning.scaling_model import Cluster, predict  # noqa: E402
 from training.bench import SHAPES  # noqa: E402
-from training.metrics import flops_per_token  # noqa: E402
-from training.scaling_model import Cluster, predict  # noqa: E402
+from training.shapes import flops_per_token  # noqa: E402
 
 from records import load  # noqa: E402
 
 RUNS = ROOT / "docs" / "benchmarks" / "h200"
 PEAK_H100 = PROFILES["p5"].gpu_peak_bf16_flops
-ANCHORS = [  # the issue's table: 2 x H200, Llama-2-7B, seq 4096, batch 3/GPU
+ANCHORS = [  # the anchors of docs/performance.md: 2 x H200, Llama-2-7B, seq 4096, batch 3/GPU
     ("plain HF + FSDP2, full AC", 7896), ("llama-cookbook, full AC", 8234),
     ("torchtitan, full AC, compile", 9855), ("torchtitan, selective AC, compile", 10776),
     ("torchtitan, no AC, compile", 12028), ("plain HF + FSDP2 + compile/layer, no AC", 12307)]
@@ -56,7 +56,7 @@ def params_of(shape: dict) -> tuple[float, float]:
 
 
 def config_chart() -> None:
-    labels = [f"{a} (issue)" for a, _ in ANCHORS] + [label for _, label in OURS]
+    labels = [f"{a} (anchor)" for a, _ in ANCHORS] + [label for _, label in OURS]
     values = [v for _, v in ANCHORS] + [best(t)["perf/tokens_per_s_per_gpu"] for t, _ in OURS]
     colors = ["#bbbbbb"] * len(ANCHORS) + ["#1f77b4"] * (len(OURS) - 2) + ["#ff7f0e"] * 2
     fig, ax = plt.subplots(figsize=(10, 6.5))
@@ -72,7 +72,7 @@ def config_chart() -> None:
     ax.axvline(15500, color="#ff7f0e", ls=":", lw=1)
     ax.set_xlabel("tokens/s/GPU (MFU = x 46.09 GFLOP / 989.5 TFLOP/s)")
     ax.set_title("Llama-2-7B shape, seq 4096, 2 x H200, FSDP2, fp32 master weights/reductions/"
-                 "AdamW\nbatch 3/GPU unless noted; grey: the issue's anchors; orange: float8",
+                 "AdamW\nbatch 3/GPU unless noted; grey: the anchors; orange: float8",
                  fontsize=9)
     ax.set_xlim(0, 19500)
     fig.tight_layout()
@@ -84,7 +84,7 @@ CLUSTERS = {
                nvlink_busbw_gbs=PROFILES[name].nvlink_busbw_gbs, peak=PROFILES[name].gpu_peak_bf16_flops)
     for name in ("p5", "p4de")  # the charts' order
 }
-"""The instance profiles (components/hardware.py) as the scaling model sees them."""
+"""The instance profiles (components/planning/hardware.py) as the scaling model sees them."""
 
 
 def one_node_steps() -> dict[str, tuple[float, str]]:
@@ -151,7 +151,7 @@ def scaling_chart(rows) -> None:
         ax.legend(fontsize=7)
     axes[0].set_ylabel("predicted per-GPU throughput vs 1 node (%)")
     axes[0].set_ylim(0, 105)
-    fig.suptitle("FSDP scaling on paper (training/scaling_model.py): 80 % of line rate, 90 % "
+    fig.suptitle("FSDP scaling on paper (components/planning/scaling_model.py): 80 % of line rate, 90 % "
                  "overlap, contention 0.6 per hidden second (lines; shaded up to: per "
                  "NVLink-equivalent second)", fontsize=9)
     fig.tight_layout()

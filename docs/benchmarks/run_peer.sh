@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# training.bench beside torchtitan (docs/benchmarks/peer_torchtitan.py) in one device call on
-# nvidia-h200 (issue 14): each configuration runs ours, then torchtitan's, back to back, so a
-# ratio is only ever taken between two runs of the same call on the same GPU.
+# training.bench beside torchtitan (docs/benchmarks/peer_torchtitan.py) on one nvidia-h200
+# machine: each configuration runs ours, then torchtitan's, back to back, so a ratio is only ever
+# taken between two runs on the same machine and GPU.
 #   bash docs/benchmarks/run_peer.sh PHASE   (from a folder holding training/, benchmarks/, whl/)
 # JSONs go to $WORK/json and are packed into $OUT/results-PHASE.tgz after every run; the last
 # lines printed are the pair table (docs/benchmarks/peer_table.py).
@@ -77,7 +77,7 @@ convergence() {  # float8 against bf16 on the Brown corpus (fp8_convergence.py):
   pack
 }
 
-phaseconv() {  # float8 convergence, the checkpoint cost of issue 16, and the float8 pair again
+phaseconv() {  # float8 convergence, the checkpoint cost, and the float8 pair again
   # after the float8-weight change
   convergence
   df -h /tmp | tee -a "$LOG"
@@ -149,12 +149,58 @@ phaseconfirm() {  # the float8 convergence on paragraph records (300 steps each)
 }
 
 phasefp8w() {  # float8 linears back on their fp32 weights (as under FSDP): its convergence run
-  # (compared with call 8's bf16 runs: the bf16 path is unchanged), its pair, the no-AC pair
+  # (compared with the bf16 runs of h200-peer/call8/: the bf16 path is unchanged), its pair, the no-AC pair
   convergence fp8
   ours ours-16l-fp8 90 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8
   titan titan-16l-fp8 90 --layers 16 --ac none --float8
   ours ours-16l-none 90 $SHAPE --layers 16 --activation-checkpointing none --compile
   titan titan-16l-none 90 --layers 16 --ac none
+}
+
+PACKED="--doc-lengths 200:400"  # samsum-like records: about 13 documents per row of 4,096
+
+phasepacked() {  # packed rows: the attention kernels alone, the packed-loss test on the GPU,
+  # then the bench plain, packed on the old dense-mask path, packed on FlexAttention, and
+  # torchtitan's block-causal FlexAttention on the same rows
+  { nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version --format=csv
+    $PY -c 'import torch, transformers; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), transformers.__version__)'; } 2>&1 | tee -a "$LOG"
+  run_limited attn-bench 150 $PY benchmarks/packed_attention_bench.py $PACKED --out "$WORK/json"
+  grep -h "^sdpa\|^flex\|^varlen" "$LOG" | tail -5
+  run_limited gpu-test 150 $PY -m pytest -x -q -p no:cacheprovider tests/training/test_data.py \
+    -k "packed or one_document"
+  ours ours-16l-none 100 $SHAPE --layers 16 --activation-checkpointing none --compile
+  ours ours-16l-packed-sdpa 110 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED --packed-attention sdpa
+  ours ours-16l-packed-flex 120 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED
+  titan titan-16l-packed-flex 170 --layers 16 --ac none $PACKED --attn flex
+}
+
+phasegc() {  # the stall: the packed FlexAttention bench, 20 timed steps, three runs with
+  # Python's automatic garbage collection and three with it off (--gc-every 50), alternating;
+  # first the packed-loss test on the GPU
+  run_limited gpu-test 150 $PY -m pytest -x -q -p no:cacheprovider tests/training/test_data.py \
+    -k "packed or one_document"
+  for i in 1 2 3; do
+    ours ours-16l-packed-gcauto-$i 90 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED --bench-steps 20
+    ours ours-16l-packed-gc50-$i 90 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED --bench-steps 20 --gc-every 50
+  done
+}
+
+phasepair() {  # the packed-loss test on the GPU (without the infra tests' conftest, which
+  # needs Pulumi), a second same-call sample of the packed pair, torchtitan's varlen attention
+  run_limited gpu-test 150 $PY -m pytest -x -q -p no:cacheprovider --noconftest \
+    tests/training/test_data.py -k "packed or one_document"
+  ours ours-16l-packed-flex 100 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED
+  titan titan-16l-packed-flex 120 --layers 16 --ac none $PACKED --attn flex
+  titan titan-16l-packed-varlen 120 --layers 16 --ac none $PACKED --attn varlen
+}
+
+phasemask() {  # the block mask built from the documents' tile ranges (no longer by
+  # create_block_mask): the kernels again (its correctness against fp32 at 4,096 and its build
+  # time), then the packed pair
+  run_limited attn-bench 150 $PY benchmarks/packed_attention_bench.py $PACKED --out "$WORK/json"
+  grep -h "^sdpa\|^flex\|^varlen\|block_mask_ms" "$LOG" | tail -6
+  ours ours-16l-packed-flex 100 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED
+  titan titan-16l-packed-flex 120 --layers 16 --ac none $PACKED --attn flex
 }
 
 "phase$PHASE"

@@ -20,9 +20,12 @@ import jsonschema
 import pytest
 import yaml
 
+from components import stack as program
 from components import versions
+from components.cluster import KubernetesCluster
 from components.gpu_nodes import GPU_TOLERATION
-from components.hardware import PROFILES
+from components.planning.hardware import PROFILES
+from components.stack import Export
 from tests.harness import (
     GPU_TAINT,
     HELM,
@@ -32,9 +35,11 @@ from tests.harness import (
     parse_flags,
     plain,
     release,
+    run_program,
     stack_config,
     tolerates,
     variant,
+    variant_config,
 )
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -83,7 +88,7 @@ def test_efa_security_group_allows_all_traffic_to_and_from_itself(recording: Rec
 def test_no_pod_can_reach_a_nodes_instance_metadata(recording: Recording):
     """Checked against EC2's IMDS hop semantics: with IMDSv2 required and a PUT response hop limit
     of 1, the token never reaches a pod's network namespace, so no pod takes a node role's
-    credentials (issue 15: before, hop limit 2 on the GPU nodes). Every node group of the stack
+    credentials (a hop limit of 2, the AMI's default, would let them). Every node group of the stack
     launches from a template of ours that says so."""
     templates = {f"{r.name}-id": r for r in recording.of_type(LT)}
     for group in recording.of_type(NODE_GROUP):
@@ -230,7 +235,8 @@ def test_gpu_node_group_shape(recording: Recording, stack: str):
     settings = gpu_settings(stack)
     assert group["amiType"] == "AL2023_x86_64_NVIDIA"
     assert group["instanceTypes"] == [profile_of(stack).instance_type]
-    assert group["capacityType"] == "ON_DEMAND"
+    # EKS user guide, "Create a managed node group with Capacity Blocks for ML": CAPACITY_BLOCK
+    assert group["capacityType"] == ("CAPACITY_BLOCK" if settings.get("capacityBlock") else "ON_DEMAND")
     assert group["labels"]["nvidia.com/gpu"] == "true"
     assert {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"} in group["taints"]
     scaling = {k: int(v) for k, v in group["scalingConfig"].items()}
@@ -308,10 +314,10 @@ def test_every_in_cluster_object_uses_the_cluster_provider(recording: Recording)
 
 def test_outputs(recording: Recording, stack: str):
     exports = recording.exports
-    assert exports["cluster_name"] == f"fsdp-eks-{stack}"
-    assert "kubeconfig" in recording.secret_exports
-    assert exports["gpu_node_group"]
-    command = exports["gpu_nodes_command"]
+    assert exports[Export.CLUSTER_NAME] == f"fsdp-eks-{stack}"
+    assert Export.KUBECONFIG in recording.secret_exports
+    assert exports[Export.GPU_NODE_GROUP]
+    command = exports[Export.GPU_NODES_COMMAND]
     assert profile_of(stack).instance_type in command
     assert "nvidia\\.com/gpu" in command and "vpc\\.amazonaws\\.com/efa" in command
 
@@ -332,12 +338,12 @@ def test_node_groups_boot_the_pinned_ami_release(recording: Recording, stack: st
 def test_scale_to_zero_command_names_the_gpu_node_group_of_this_stack(recording: Recording, stack: str):
     """The command (AWS CLI ``eks update-nodegroup-config``) must hit this stack's GPU group, in
     its cluster and region, and leave it at zero nodes."""
-    argv = shlex.split(recording.exports["gpu_scale_to_zero_command"])
+    argv = shlex.split(recording.exports[Export.GPU_SCALE_TO_ZERO_COMMAND])
     assert argv[:3] == ["aws", "eks", "update-nodegroup-config"]
     flags = parse_flags(argv)
     group = recording.named("gpu-gpu")
-    assert flags["--cluster-name"] == group.inputs["clusterName"] == recording.exports["cluster_name"]
-    assert flags["--nodegroup-name"] == recording.exports["gpu_node_group"]
+    assert flags["--cluster-name"] == group.inputs["clusterName"] == recording.exports[Export.CLUSTER_NAME]
+    assert flags["--nodegroup-name"] == recording.exports[Export.GPU_NODE_GROUP]
     assert flags["--region"] == stack_config(stack)["aws:region"]
     sizes = dict(part.split("=") for part in flags["--scaling-config"].split(","))
     assert sizes["desiredSize"] == sizes["minSize"] == "0"
@@ -391,7 +397,21 @@ def test_existing_cluster_deploys_only_in_cluster_layers():
     for r in rec.resources:
         if r.type.startswith("kubernetes:"):
             assert "pulumi:providers:kubernetes::cluster-k8s" in r.provider
-    assert rec.exports["cluster_name"] == "research" and "kubeconfig" in rec.secret_exports
+    assert rec.exports[Export.CLUSTER_NAME] == "research" and Export.KUBECONFIG in rec.secret_exports
+
+
+def test_a_new_and_an_existing_cluster_are_one_protocol(monkeypatch):
+    """The in-cluster layers get a ``KubernetesCluster`` either way: the cluster the stack
+    creates and the one it attaches to both carry every attribute of the protocol."""
+    given = []
+    deploy = program._training
+    monkeypatch.setattr(program, "_training", lambda settings, cluster, **kw: (given.append(cluster),
+                                                                               deploy(settings, cluster, **kw))[1])
+    run_program(variant_config("p5"), "p5-new")
+    run_program(variant_config("p5", cluster={"existingClusterName": "research"},
+                               storage={"fsx": False, "existingClaimName": "checkpoints"}), "p5-existing")
+    assert [type(c).__name__ for c in given] == ["EksCluster", "ExistingCluster"]
+    assert all(isinstance(c, KubernetesCluster) for c in given)
 
 
 def test_existing_cluster_kubeconfig_authenticates_with_aws_eks_get_token():
@@ -402,14 +422,14 @@ def test_existing_cluster_kubeconfig_authenticates_with_aws_eks_get_token():
     cluster in the stack's region (no token is stored in the state)."""
     rec = variant("p5", cluster={"existingClusterName": "research"},
                   storage={"fsx": False, "existingClaimName": "checkpoints"})
-    exported = rec.exports["kubeconfig"]
+    exported = rec.exports[Export.KUBECONFIG]
     config = json.loads(exported)
-    assert "kubeconfig" in rec.secret_exports
+    assert Export.KUBECONFIG in rec.secret_exports
     assert config["apiVersion"] == "v1" and config["kind"] == "Config"
     (context,) = config["contexts"]
     assert config["current-context"] == context["name"]
     (cluster,) = [c["cluster"] for c in config["clusters"] if c["name"] == context["context"]["cluster"]]
-    # The mocks' getCluster answer for "research" (components/offline.py).
+    # The mocks' getCluster answer for "research" (offline/mocks.py).
     assert cluster == {"server": "https://EXAMPLE.gr7.eks.amazonaws.com", "certificate-authority-data": "Q0VSVA=="}
     (user,) = [u["user"] for u in config["users"] if u["name"] == context["context"]["user"]]
     exec_ = user["exec"]

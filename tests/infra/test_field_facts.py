@@ -12,12 +12,15 @@ import re
 
 import pytest
 
-from components.hardware import PROFILES
+from components.planning.hardware import PROFILES
 from tests.harness import Recording, container, job_of, plain, stack_config, worker
 from training.hardware import peak_bf16_flops
 
-INSTANCE_CAPACITY = {"p5.48xlarge": (192, 2048), "p4de.24xlarge": (96, 1152)}
-"""vCPUs and memory (GiB) of each instance type (EC2 "Accelerated computing" instance types)."""
+DATASHEET_BF16_TFLOPS = {
+    "NVIDIA H100 80GB HBM3": 989.5, "NVIDIA H100 PCIe": 756, "NVIDIA H200": 989.5, "NVIDIA H20": 148,
+    "NVIDIA A100-SXM4-80GB": 312, "NVIDIA A10G": 125, "NVIDIA L40S": 362, "NVIDIA L4": 121,
+}
+"""NVIDIA's datasheets: dense bf16 tensor TFLOP/s, by the name torch.cuda.get_device_name reports."""
 NODE_ROLE_NEEDS = {
     "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",  # the kubelet joins and reads the cluster
     "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",  # the VPC CNI gives pods their IPs
@@ -87,11 +90,11 @@ def test_gpu_nodes_roll_one_at_a_time(recording: Recording):
 
 
 def test_the_pod_requests_fit_the_node(recording: Recording, stack: str):
-    """Checked against the instance types' vCPUs and memory (EC2 instance type pages): one pod
-    per node, its CPU and memory requests within 90 % of the instance (the rest: kubelet
-    reservation, DaemonSets), else it never schedules."""
+    """Checked against the instance types' vCPUs and memory (EC2 instance type pages, the row's
+    ``vcpus`` and ``memory_gib``): one pod per node, its CPU and memory requests within 90 % of
+    the instance (the rest: kubelet reservation, DaemonSets), else it never schedules."""
     profile = PROFILES[stack_config(stack)["fsdp-eks:profile"]]
-    vcpus, memory_gib = INSTANCE_CAPACITY[profile.instance_type]
+    vcpus, memory_gib = profile.vcpus, profile.memory_gib
     requests = container(job_of(recording))["resources"]["requests"]
     # at least one core per rank (one process per GPU), within the instance
     assert int(requests["nvidia.com/gpu"]) <= float(requests["cpu"]) <= 0.9 * vcpus, requests
@@ -127,10 +130,7 @@ def test_etcd_never_runs_two_members(recording: Recording):
     assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
 
 
-@pytest.mark.parametrize(("device", "tflops"), [
-    ("NVIDIA H100 80GB HBM3", 989.5), ("NVIDIA H100 PCIe", 756), ("NVIDIA H200", 989.5), ("NVIDIA H20", 148),
-    ("NVIDIA A100-SXM4-80GB", 312), ("NVIDIA A10G", 125), ("NVIDIA L40S", 362), ("NVIDIA L4", 121),
-])
+@pytest.mark.parametrize(("device", "tflops"), DATASHEET_BF16_TFLOPS.items())
 def test_the_bf16_peak_of_each_gpu_as_torch_names_it(device: str, tflops: float):
     """Checked against NVIDIA's datasheets (dense bf16 tensor TFLOP/s), looked up by the names
     torch.cuda.get_device_name reports: the H200 is not the H20, the H100 PCIe not the SXM."""
@@ -138,8 +138,11 @@ def test_the_bf16_peak_of_each_gpu_as_torch_names_it(device: str, tflops: float)
 
 
 def test_each_profile_names_a_gpu_with_a_known_peak():
-    """Checked against the instance pages: p5 has H100 SXM (989.5 TFLOP/s bf16), p4de A100."""
-    assert {name: p.gpu_peak_bf16_flops for name, p in PROFILES.items()} == {"p5": 989.5e12, "p4de": 312e12}
+    """Checked against the instance pages (p5: H100 SXM, p4de: A100, p5e and p5en: H200) and the
+    datasheets: every row names its GPU as torch does, so its MFU has the datasheet's peak."""
+    for name, p in PROFILES.items():
+        assert p.gpu_model in DATASHEET_BF16_TFLOPS, f"{name}: {p.gpu_model} is not a name torch reports"
+        assert p.gpu_peak_bf16_flops == pytest.approx(DATASHEET_BF16_TFLOPS[p.gpu_model] * 1e12), name
     assert peak_bf16_flops("cpu") is None
 
 

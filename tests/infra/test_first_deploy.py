@@ -22,11 +22,12 @@ import pulumi_eks as eks
 import pytest
 import yaml
 
-from components import offline, versions
+from components import versions
 from components.gpu_nodes import container_rlimits
-from components.offline import AwsLikeMocks
 from components.preflight import EKS_UNSUPPORTED_ZONE_IDS, addon_pin_problems, quota_problems, zone_problems
 from components.settings import Secrets, SettingsError
+from offline import plan, stacks
+from offline.mocks import AwsLikeMocks, example_addon_versions
 from tests.harness import (
     HELM,
     Recording,
@@ -188,7 +189,7 @@ def test_preview_refuses_the_deploying_role_in_the_access_lists():
 def test_preview_refuses_an_addon_pin_eks_does_not_offer_for_the_version():
     """An add-on table where EKS's newest coredns for 1.36 is older than the pin: refused with the
     command that lists the builds."""
-    newest = offline.example_addon_versions() | {("coredns", "1.36"): "v1.13.0-eksbuild.1"}
+    newest = example_addon_versions() | {("coredns", "1.36"): "v1.13.0-eksbuild.1"}
     message, created = refused(variant_config("p5"), "p5-pins", addon_versions=newest)
     pin = versions.EKS_ADDONS["1.36"]["coredns"]
     assert f"pins coredns {pin}, which EKS does not offer for Kubernetes 1.36 (its newest: v1.13.0-eksbuild.1)" in message
@@ -206,22 +207,22 @@ def test_addon_pin_versions_compare_by_number_not_text():
 def test_p4de_stack_file_carries_no_reservation_and_preview_asks_for_it():
     """A made-up id passes preview and fails half an hour into `up`: the file has none, preview
     says how to set yours, and only the offline plan fills in a labelled example."""
-    committed = offline.stack_file_config("p4de")["fsdp-eks:gpuNodes"]
+    committed = stacks.stack_file_config("p4de")["fsdp-eks:gpuNodes"]
     assert "capacityReservationId" not in committed
-    raw = {k.split(":", 1)[1]: v for k, v in offline.stack_file_config("p4de").items() if k.startswith("fsdp-eks:")}
+    raw = {k.split(":", 1)[1]: v for k, v in stacks.stack_file_config("p4de").items() if k.startswith("fsdp-eks:")}
     message = str(settings_error(raw, stack="p4de"))
     assert "gpuNodes.capacityReservationId = None" in message
     assert "pulumi config set --path gpuNodes.capacityReservationId" in message
-    assert stack_config("p4de")["fsdp-eks:gpuNodes"]["capacityReservationId"] == offline.EXAMPLE_RESERVATION_ID
+    assert stack_config("p4de")["fsdp-eks:gpuNodes"]["capacityReservationId"] == stacks.EXAMPLE_RESERVATION_ID
 
 
 def test_the_offline_plan_labels_the_example_reservation(capsys):
-    examples = offline.offline_examples(offline.stack_file_config("p4de"))
-    assert examples == {"gpuNodes.capacityReservationId": offline.EXAMPLE_RESERVATION_ID}
-    offline.print_plan(Recording([]), "p4de", examples)
-    assert f"EXAMPLE value, offline plan only: gpuNodes.capacityReservationId = {offline.EXAMPLE_RESERVATION_ID}" in (
+    examples = stacks.offline_examples(stacks.stack_file_config("p4de"))
+    assert examples == {"gpuNodes.capacityReservationId": stacks.EXAMPLE_RESERVATION_ID}
+    plan.print_plan(Recording([]), "p4de", examples)
+    assert f"EXAMPLE value, offline plan only: gpuNodes.capacityReservationId = {stacks.EXAMPLE_RESERVATION_ID}" in (
         capsys.readouterr().out)
-    assert offline.offline_examples(offline.stack_file_config("p5")) == {}
+    assert stacks.offline_examples(stacks.stack_file_config("p5")) == {}
 
 
 # --------------------------------------------------------------------------- 4. locked memory for EFA

@@ -1,7 +1,7 @@
 """Every IAM policy of every role the program creates, with the reason it is needed.
 
-Checked against this table, which is the least that works (issue 15): a policy attached to any
-role that is not listed here, or a listed one that is missing, fails -- for both stacks and for a
+Checked against this table, which is the least that works: a policy attached to any
+role that is not listed here, or a listed one that is missing, fails -- for every stack file and for a
 variant with every optional AWS-calling part on (CloudWatch add-on, SNS alerts). Inline policies
 are compared by their statements (actions and resources).
 """

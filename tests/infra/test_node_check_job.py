@@ -19,8 +19,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from components.hardware import PROFILES
+from components.planning.hardware import PROFILES
 from components.settings import JobSettings
+from components.stack import Export
 from components.training_job import pod_monitor_manifest, pytorchjob_manifest, training_command
 from tests.harness import Recording, container, job_of, job_settings, worker
 from tests.infra.test_workload import crd_schema, undeclared_keys
@@ -28,7 +29,7 @@ from training.config import build_parser, config_from_namespace
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp-eks-p5/training:0123@sha256:" + "b" * 64
 PUBLISHED = {"p4de": {"node": 230.8, "efa": 57.2}, "p5": {"node": 480.0, "efa": 125.0}}
-"""GB/s, from the sources the hardware table names (components/hardware.py NODE_CHECK_SOURCES);
+"""GB/s, from the sources the hardware table names (components/planning/hardware.py NODE_CHECK_SOURCES);
 the floors are rounded to 0.1 GB/s."""
 MARGIN = 0.5
 
@@ -105,12 +106,12 @@ def test_workers_name_their_kubernetes_node():
 # --------------------------------------------------------------------------- the stack output
 def test_outputs_give_the_check_job_and_its_command(recording: Recording):
     e = recording.exports
-    manifest, job = e["node_check_manifest"], job_of(recording)
+    manifest, job = e[Export.NODE_CHECK_MANIFEST], job_of(recording)
     assert manifest["metadata"]["name"].startswith("node-check-")
     assert same_flags(manifest, job)
     assert container(manifest)["image"] == container(job)["image"]
-    assert manifest["metadata"]["name"] in e["node_check_command"]
-    assert not {"node_check_manifest", "node_check_command"} & recording.secret_exports
+    assert manifest["metadata"]["name"] in e[Export.NODE_CHECK_COMMAND]
+    assert not {Export.NODE_CHECK_MANIFEST, Export.NODE_CHECK_COMMAND} & recording.secret_exports
 
 
 FAKE_KUBECTL = """#!/bin/sh
@@ -132,7 +133,7 @@ def test_the_check_command_creates_waits_prints_rank_0s_table_and_cleans_up(reco
     creates exactly the exported manifest, polls until the job finished, prints rank 0's lines
     (the table) and no other rank's, and deletes the job."""
     e = recording.exports
-    manifest = e["node_check_manifest"]
+    manifest = e[Export.NODE_CHECK_MANIFEST]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "pulumi").write_text(f"#!/bin/sh\necho \"$*\" > \"$PULUMI_ARGS\"\ncat <<'EOF'\n"
@@ -142,7 +143,7 @@ def test_the_check_command_creates_waits_prints_rank_0s_table_and_cleans_up(reco
         tool.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls"),
            "CREATED": str(tmp_path / "created.json"), "PULUMI_ARGS": str(tmp_path / "pulumi_args")}
-    out = subprocess.run(["bash", "-c", e["node_check_command"]], env=env, capture_output=True, text=True,
+    out = subprocess.run(["bash", "-c", e[Export.NODE_CHECK_COMMAND]], env=env, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "pulumi_args").read_text().split() == ["stack", "output", "node_check_manifest", "--json"]

@@ -19,12 +19,13 @@ import yaml
 from components import versions
 from components.cluster import SYSTEM_NODE_LABEL
 from components.dashboards import gpu_training
-from components.hardware import PROFILES
 from components.observability.alert_delivery import RULES_FILE
 from components.observability.common import MONITORING_NAMESPACE
 from components.observability.gpu_telemetry import DCGM_COUNTERS_PATH, dcgm_exported_metrics
-from components.offline import engine_urn, is_secret_value
+from components.planning.hardware import PROFILES
 from components.settings import SettingsError
+from offline.mocks import engine_urn
+from offline.recording import is_secret_value
 from tests.harness import (
     DUMMY_SECRETS,
     GPU_TAINT,

@@ -4,10 +4,15 @@ Checked against the recorded registrations and the dummy secrets the harness set
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import yaml
 
-from components.offline import DUMMY_SECRETS, print_plan, write_manifests
-from tests.harness import Recording
+from components.stack import Export
+from offline.plan import print_plan, write_manifests
+from offline.stacks import DUMMY_SECRETS, ROOT
+from tests.harness import Recording, stack_config
 
 
 def test_written_yaml_holds_every_kubernetes_object_and_no_secret(recording: Recording, stack: str, tmp_path, capsys):
@@ -22,5 +27,34 @@ def test_written_yaml_holds_every_kubernetes_object_and_no_secret(recording: Rec
     kinds = {yaml.safe_load(t)["kind"] for n, t in texts.items() if not n.startswith("helm-")}
     assert {"PyTorchJob", "Secret", "Deployment", "Service", "Namespace"} <= kinds
     job = next(yaml.safe_load(t) for t in texts.values() if "kind: PyTorchJob" in t)
-    assert job["metadata"]["name"] == recording.exports["job_name"]
+    assert job["metadata"]["name"] == recording.exports[Export.JOB_NAME]
     assert len(printed.splitlines()) > len(recording.resources), "one line per resource at least"
+
+
+def test_the_plan_writes_numbers_as_the_stack_file_does(recording: Recording, stack: str, tmp_path, capsys):
+    """Checked against the stack file: the engine passes every number as a float, and the plan
+    prints and writes them as the user wrote them (``storageCapacity=1200``, ``replicas: 2``),
+    never ``1200.0``."""
+    config = stack_config(stack)
+    storage, nodes = config["fsdp-eks:storage"], config["fsdp-eks:job"]["nodes"]
+    print_plan(recording, stack)
+    printed = capsys.readouterr().out
+    if storage.get("fsx"):
+        assert f"perUnitStorageThroughput={storage['fsxThroughputPerTiB']}, " in printed
+        assert f"storageCapacity={storage['fsxStorageCapacityGiB']}, " in printed
+    (job,) = [p for p in write_manifests(recording, tmp_path) if p.name.startswith("pytorchjob-")]
+    assert f"\n      replicas: {nodes}\n" in job.read_text()
+
+
+def test_two_runs_print_and_write_the_same_plan(tmp_path):
+    """`make demo` twice gives the same text and the same files, byte for byte, so a user can
+    diff two plans (the engine hands a resource's inputs over in no stable key order, which
+    differs from one process to the next)."""
+    runs = []
+    for i in range(2):
+        out = tmp_path / str(i)
+        done = subprocess.run([sys.executable, "-m", "offline", "--stack", "p5", "--out", str(out)], cwd=ROOT,
+                              capture_output=True, text=True, check=True)
+        files = {str(p.relative_to(out)): p.read_text() for p in sorted(out.rglob("*.yaml"))}
+        runs.append((done.stdout.replace(str(out), "OUT"), files))
+    assert runs[0][1] and runs[0] == runs[1]

@@ -3,10 +3,12 @@ file may hold is documented, so a user never has to read the code to configure a
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from components.settings import SCALAR_KEYS, SECRET_KEYS, SECTIONS
 from components.settings_parser import section_keys
+from components.stack import Export
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
@@ -32,3 +34,10 @@ def test_every_settings_key_is_in_the_configuration_reference():
 
 def test_readme_names_the_two_commands():
     assert "make demo" in README and "make test" in README
+
+
+def test_every_output_the_readme_reads_is_one_the_stack_exports():
+    """The README's `pulumi stack output <name>` lines name the stack's exports (components/stack.py's
+    ``Export``): a renamed output fails here instead of in a user's shell."""
+    read = set(re.findall(r"pulumi stack output (\w+)", README))
+    assert read and read <= {e.value for e in Export}, read - {e.value for e in Export}

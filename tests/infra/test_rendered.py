@@ -1,6 +1,8 @@
 """What ``pulumi up`` installs, rendered: every Helm release with exactly the values of the mock run
 and the Training Operator overlay, with the real helm and kubectl (kustomize), offline, for every
-stack file.
+stack file: the checks below run once per rendering class (stacks whose rendered inputs differ only
+in their instance type, region and stack name), and every other stack of a class is rendered and
+compared with the class's first (``test_a_stack_renders_as_the_first_of_its_class``).
 
 Checked against: Kubernetes' own schemas (kubernetes-validate, strict, each supported version);
 the CRDs rendered beside the custom resources (unknown fields are errors, as the API server would
@@ -15,6 +17,7 @@ with the tool's name, except under ``CI=true``, where a missing tool fails them.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import os
@@ -27,20 +30,24 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from components import rendering, versions
+from components import versions
 from components.cluster import SYSTEM_NODE_LABEL
 from components.gpu_nodes import GPU_LABELS
-from components.hardware import PROFILES
-from components.offline import ROOT
+from components.planning.hardware import PROFILES
+from offline import rendering
+from offline.stacks import ROOT
 from tests.conftest import recording_of
 from tests.harness import (
     GPU_TAINT,
     HELM,
+    STACKS,
     Recording,
     plain,
     stack_config,
     tolerates,
     tool_missing,
+    variant,
+    variant_config,
 )
 
 KUSTOMIZE = "kubernetes:kustomize/v2:Directory"
@@ -54,6 +61,49 @@ INERT_DAEMONSETS = {
 
 
 # --------------------------------------------------------------------------- tools and renders
+
+
+def known_differences(stack: str, config: dict | None = None) -> dict[str, str]:
+    """Where two stacks' rendered objects may differ, each string with its placeholder: the
+    GPU instance type (node affinities), the region (image registries) and the stack's name in
+    the physical names of its resources. ``config``: the stack's (its file's by default)."""
+    config = stack_config(stack) if config is None else config
+    return {PROFILES[config["fsdp-eks:profile"]].instance_type: "<instance-type>",
+            f"fsdp-eks-{stack}-": "fsdp-eks-<stack>-", config["aws:region"]: "<region>"}
+
+
+def normalized(text: str, stack: str, config: dict | None = None) -> str:
+    for known, placeholder in known_differences(stack, config).items():
+        text = text.replace(known, placeholder)
+    return text
+
+
+def rendered_inputs(recording: Recording, stack: str, config: dict | None = None) -> str:
+    """What the rendering reads from a mock run (the Kubernetes version, each release's chart,
+    version, namespace and values, the kustomizations), the known differences replaced."""
+    inputs = {"kubeVersion": rendering.kube_version_of(recording),
+              "releases": {r.name: {**{k: r.inputs.get(k) for k in ("chart", "version", "namespace")},
+                                    "values": rendering.release_values(r.inputs)} for r in recording.of_type(HELM)},
+              "kustomizations": [r.inputs["directory"] for r in recording.of_type(KUSTOMIZE)]}
+    return normalized(json.dumps(inputs, sort_keys=True), stack, config)
+
+
+def rendering_classes() -> dict[str, list[str]]:
+    """Stacks by rendering class: the first stack of each class -> every stack of it."""
+    classes: dict[str, list[str]] = {}
+    for stack in STACKS:
+        classes.setdefault(rendered_inputs(recording_of(stack), stack), []).append(stack)
+    return {members[0]: members for members in classes.values()}
+
+
+CLASSES = rendering_classes()
+
+
+@pytest.fixture(scope="session", params=sorted(CLASSES))
+def stack(request) -> str:
+    """The first stack of each rendering class: the stacks the checks of this module render."""
+    return request.param
+
 
 
 def require(tool: str) -> Path:
@@ -165,6 +215,44 @@ def test_every_release_installs_a_chart_the_tests_render(recording: Recording):
         assert "repositoryOpts" not in r.inputs, f"{r.name}: installs from a repository"
     for k in recording.of_type(KUSTOMIZE):
         assert (ROOT / k.inputs["directory"] / "kustomization.yaml").is_file(), k.inputs["directory"]
+
+
+def as_stack(recording: Recording, first: str, member: str) -> Recording:
+    """What ``recording`` (a run of stack ``first``) gives the rendering, with ``member``'s
+    instance type, region and stack name in place of ``first``'s."""
+    swap = {placeholder: known for known, placeholder in known_differences(member).items()}
+    resources = []
+    for r in recording.resources:
+        if r.type in (HELM, KUSTOMIZE, "eks:index:Cluster"):
+            text = normalized(json.dumps(r.inputs), first)
+            for placeholder, known in swap.items():
+                text = text.replace(placeholder, known)
+            resources.append(dataclasses.replace(r, inputs=json.loads(text)))
+    return Recording(resources)
+
+
+@pytest.mark.parametrize(("first", "member"), [(first, m) for first, members in CLASSES.items() for m in members[1:]])
+def test_a_stack_renders_as_the_first_of_its_class(first: str, member: str):
+    """The checks of this module run on the first stack of each class only: every other stack
+    of the class, rendered with the real tools, gives exactly what the first's inputs render
+    with its instance type, region and stack name put in (a value that differs otherwise would
+    have put it in a class of its own)."""
+    require("helm")
+    require("kubectl")
+    ours = {r.source: r.text for r in rendering.render_stack(recording_of(member))}
+    assert ours == {r.source: r.text for r in rendering.render_stack(as_stack(recording_of(first), first, member))}
+
+
+@pytest.mark.parametrize(("changes", "same_class"), [
+    ({"job": {"epochs": 2}}, True),  # the job is no release's value
+    ({"observability": {"prometheusRetention": "7d"}}, False),  # a value of kube-prometheus-stack
+])
+def test_a_value_of_its_own_puts_a_stack_in_a_class_of_its_own(changes: dict, same_class: bool):
+    """The class key sees every release value and nothing else: a variant of p5 (another stack
+    name) that changes a value of a release falls in a class of its own, one that changes only
+    the job stays in p5's."""
+    key = rendered_inputs(variant("p5", **changes), "p5-variant", variant_config("p5", **changes))
+    assert (key == rendered_inputs(recording_of("p5"), "p5")) is same_class
 
 
 def test_rendering_is_deterministic(recording: Recording, rendered: dict[str, rendering.Rendered]):

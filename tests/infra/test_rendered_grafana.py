@@ -17,13 +17,21 @@ from pathlib import Path
 
 import yaml
 
-from components import rendering, versions
+from components import versions
 from components.dashboards import gpu_training
 from components.observability.common import KPS_FULLNAME, MONITORING_NAMESPACE
 from components.observability.metrics_stack import GRAFANA_ADMIN_SECRET, GRAFANA_SERVICE
-from components.offline import ROOT
+from offline import rendering
+from offline.stacks import ROOT
 from tests.harness import HELM, Recording
-from tests.infra.test_rendered import CHECKOV_SKIPS_FILE, name_of, own_objects, pod_spec, rendered  # noqa: F401
+from tests.infra.test_rendered import (  # noqa: F401 (the fixtures: one stack per rendering class)
+    CHECKOV_SKIPS_FILE,
+    name_of,
+    own_objects,
+    pod_spec,
+    rendered,
+    stack,
+)
 
 KPS = "observability-kps"
 SUBCHARTS = ROOT / versions.KUBE_PROMETHEUS_STACK.folder / "charts"

@@ -1,4 +1,4 @@
-"""Hardened by default (issue 15), on both stacks run whole under mocks: etcd and its
+"""Hardened by default, on every stack run whole under mocks: etcd and its
 NetworkPolicy, the training workers' security contexts, cluster access and the settings that
 govern them.
 
@@ -72,7 +72,7 @@ def admitted(policy: dict, pod_labels: dict, port: int) -> bool:
 
 def test_etcd_runs_non_root_read_only_without_capabilities_or_token(recording: Recording):
     """CKV_K8S_23/40 (non-root, high uid), 22 (read-only root), 37/28 (capabilities), 20
-    (escalation), 31 (seccomp), 38 (token), 11/12/13 (limits) -- each failed before issue 15."""
+    (escalation), 31 (seccomp), 38 (token), 11/12/13 (limits): each one checkov reports when the field is left out."""
     spec = etcd(recording)["spec"]["template"]["spec"]
     (c,) = spec["containers"]
     pod, ctx = spec["securityContext"], c["securityContext"]
@@ -99,8 +99,8 @@ def test_etcd_data_lives_on_a_writable_volume_the_uid_owns(recording: Recording)
 
 
 def test_etcd_skips_only_tls_and_digest_and_says_why(recording: Recording):
-    """The skips on the object are exactly the TLS checks (allowed by issue 15 only together with
-    the NetworkPolicy below) and the digest pin, each with a reason."""
+    """The skips on the object are exactly the TLS checks (acceptable only together with the
+    NetworkPolicy below, which lets only the training pods reach etcd) and the digest pin, each with a reason."""
     annotations = etcd(recording)["metadata"]["annotations"]
     skips = dict(v.split("=", 1) for k, v in annotations.items() if k.startswith("checkov.io/skip"))
     assert set(skips) == {"CKV_K8S_116", "CKV_K8S_117", "CKV_K8S_119", "CKV_K8S_43"}

@@ -1,8 +1,8 @@
 """Stack configuration -> Settings: every validation rule, checked against its error message.
 
 Each case starts from a stack file of the repository (known to be valid), breaks one thing, and
-asserts that the error names the key a user has to change. Checked against: the rules of
-``issues show 2`` and the field facts of docs/design.md (reservations, AZs, versions).
+asserts that the error names the key a user has to change. Checked against the field facts of
+docs/design.md (reservations, AZs, versions).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def test_kubernetes_version_outside_pinned_set(version):
 
 
 def test_supported_versions_are_133_or_newer():
-    """The issue: a pinned Kubernetes version of 1.33 or newer, add-ons pinned for each."""
+    """A pinned Kubernetes version of 1.33 or newer (docs/design.md), add-ons pinned for each."""
     for version, addons in versions.EKS_ADDONS.items():
         assert tuple(map(int, version.split("."))) >= (1, 33)
         assert set(addons) >= {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent"}

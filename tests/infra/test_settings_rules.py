@@ -13,7 +13,8 @@ import dataclasses
 
 import pytest
 
-from components import hardware, settings_parser, settings_rules
+from components import settings_parser, settings_rules
+from components.planning import hardware
 from components.settings import Secrets, SettingsError
 from tests.harness import SECRETS, parse
 from tests.harness import raw_settings as raw
@@ -150,11 +151,14 @@ CASES = [
      "gpuNodes.placementGroupName", "1-255 ASCII characters"),
     ("placement-group-name-not-ascii", "p4de", {"gpuNodes.placementGroupName": "grüppe"}, SECRETS,
      "gpuNodes.placementGroupName", "1-255 ASCII characters"),
-    # the memory-fit rule (components/memory_fit.py; its estimate is tested in test_memory_fit.py)
+    # the memory-fit rule (components/planning/memory_fit.py; its estimate is tested in test_memory_fit.py)
     ("unknown-model-without-size", "p5", {"job.model": "mistralai/Mistral-7B-v0.1"}, SECRETS,
      "job.modelParameters", "not in the GPU-memory fit check's table"),
     ("model-too-large", "p5", {"job.model": "meta-llama/Llama-2-70b-hf", "job.nodes": 1, "job.sharding": "NO_SHARD"},
      SECRETS, "job", "does not fit in GPU memory"),
+    ("async-copy-beyond-host-memory", "p5", {"job.model": "meta-llama/Llama-2-70b-hf", "job.nodes": 1,
+                                             "job.activationCheckpointing": "full", "job.batchSize": 1},
+     SECRETS, "job.asyncCheckpoint", "to host memory"),
 ]
 
 
@@ -232,12 +236,12 @@ def test_every_rule_is_needed(rule, monkeypatch):
 
 def test_reservation_only_is_a_property_of_the_profile(monkeypatch):
     """Checked against the profile table, not the profile's name: a profile marked
-    reservation-only (as a p5e row would be) is refused without a reservation, and p4de
-    unmarked would be accepted."""
+    reservation-only is refused without a reservation, and p4de unmarked would be accepted."""
     p5, p4de = hardware.PROFILES["p5"], hardware.PROFILES["p4de"]
     monkeypatch.setitem(hardware.PROFILES, "p5", dataclasses.replace(p5, reservation_only=True))
     monkeypatch.setitem(hardware.PROFILES, "p4de", dataclasses.replace(p4de, reservation_only=False))
-    assert "p5.48xlarge is only sold" in problems(raw("p5"))["gpuNodes.capacityReservationId"][0]
+    no_reservation = changed("p5", {"gpuNodes.capacityReservationId": DROP})
+    assert "p5.48xlarge is only sold" in problems(no_reservation)["gpuNodes.capacityReservationId"][0]
     assert problems(changed("p4de", {"gpuNodes.capacityReservationId": DROP})) == {}
 
 

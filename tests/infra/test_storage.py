@@ -1,4 +1,4 @@
-"""Shared storage for checkpoints, both stacks and the variants, under mocks.
+"""Shared storage for checkpoints, every stack file and the variants, under mocks.
 
 Checked against: the FSx for Lustre user guide (LNET ports 988 and 1018-1023 from the file system's
 own security group and its clients'; mount options ``relatime,flock``), the FSx API
@@ -15,6 +15,7 @@ import pytest
 
 from components import versions
 from components.cluster import SYSTEM_NODE_LABEL
+from components.stack import Export
 from components.training_job import APP_UID
 from tests.harness import (
     GPU_TAINT,
@@ -110,7 +111,7 @@ def problems(config: dict) -> dict[str, str]:
     return {p.key: str(p) for p in settings_error(config).problems}
 
 
-# --------------------------------------------------------------------------- both stacks: AWS
+# --------------------------------------------------------------------------- every stack: AWS
 
 
 def test_stacks_run_multi_node_jobs_on_fsx(stack: str):
@@ -165,10 +166,10 @@ def test_nodes_accept_lustre_from_the_file_servers(recording: Recording):
 
 
 def test_the_stack_exports_the_file_system_id(recording: Recording):
-    assert recording.exports["fsx_file_system_id"] == f"{file_system(recording).name}-id"
+    assert recording.exports[Export.FSX_FILE_SYSTEM_ID] == f"{file_system(recording).name}-id"
 
 
-# --------------------------------------------------------------------------- both stacks: the CSI driver
+# --------------------------------------------------------------------------- every stack: the CSI driver
 
 
 def test_csi_driver_is_pinned_and_lands_on_the_gpu_nodes(recording: Recording):
@@ -187,7 +188,7 @@ def test_csi_driver_is_pinned_and_lands_on_the_gpu_nodes(recording: Recording):
 def test_csi_driver_gets_no_aws_credentials_for_a_static_volume(recording: Recording, stack: str):
     """Checked against the FSx CSI driver's code paths: a static volume makes it call no FSx API
     (no CreateVolume / DeleteVolume without a StorageClass), so neither of its service accounts
-    gets a Pod Identity role (issue 15: before, ``AmazonFSxFullAccess`` on the controller). Its
+    gets a Pod Identity role (``AmazonFSxFullAccess`` on the controller would be unused power). Its
     region comes from the chart's values: with IMDS closed to pods, its Kubernetes-API metadata
     fallback carries none (aws-fsx-csi-driver pkg/cloud/metadata_k8s.go)."""
     driver = release(recording, versions.FSX_CSI_DRIVER)
@@ -199,7 +200,7 @@ def test_csi_driver_gets_no_aws_credentials_for_a_static_volume(recording: Recor
     assert values["controller"]["region"] == values["node"]["region"] == region
 
 
-# --------------------------------------------------------------------------- both stacks: volume and claim
+# --------------------------------------------------------------------------- every stack: volume and claim
 
 
 @pytest.mark.parametrize("type_", [PV, PVC])
@@ -243,7 +244,7 @@ def test_claim_comes_after_its_namespace_and_volume_and_before_the_job(recording
     assert pvc.name in job.dependencies, "the job's pods would wait for a claim that does not exist yet"
 
 
-# --------------------------------------------------------------------------- both stacks: the job
+# --------------------------------------------------------------------------- every stack: the job
 
 
 def test_every_worker_mounts_the_claim_and_checkpoints_into_the_runs_directory(recording: Recording):
@@ -309,7 +310,7 @@ def test_single_node_without_storage_keeps_checkpoints_on_nvme(single_node_recor
         assert rec.of_type(type_) == [], f"{type_} created without shared storage"
     assert shared_claims(rec) == [], "a shared claim created without shared storage"
     assert [r for r in rec.of_type(HELM) if r.inputs["chart"] == f"./{versions.FSX_CSI_DRIVER.folder}"] == []
-    assert "fsx_file_system_id" not in rec.exports
+    assert Export.FSX_FILE_SYSTEM_ID not in rec.exports
     job = job_of(rec)
     pod = worker(job)["template"]["spec"]
     assert not [v for v in pod["volumes"] if "persistentVolumeClaim" in v]

@@ -1,9 +1,9 @@
-"""The training workload on both stacks, run whole under mocks: PyTorchJob, etcd, operator, Secret.
+"""The training workload on every stack file, run whole under mocks: PyTorchJob, etcd, operator, Secret.
 
 Checked against: the Kubeflow Training Operator v1.9.4 PyTorchJob CRD (tests/fixtures/kubeflow,
 copied from upstream), Kubernetes 1.33's OpenAPI schemas through ``kubernetes-validate`` (strict),
 the operator's elastic env generation and webhook rules (docs/design.md "Rendezvous and the Training
-Operator"), the profile table (components/hardware.py) and the training package's CLI contract.
+Operator"), the profile table (components/planning/hardware.py) and the training package's CLI contract.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import yaml
 
 from components import rendezvous, versions
 from components.cluster import SYSTEM_NODE_LABEL
-from components.hardware import PROFILES
-from components.offline import is_secret_value
+from offline.recording import is_secret_value
+from components.planning.hardware import PROFILES
 from components.settings import JobSettings
 from components.settings_parser import snake
+from components.stack import Export
 from components.training_job import pytorchjob_manifest
 from tests.conftest import recording_of
 from tests.harness import (
@@ -227,7 +228,7 @@ def test_image_is_our_digest_pinned_ecr_image(recording: Recording):
     repo = recording.one("aws:ecr/repository:Repository")
     url = f"{recording.exports['image_ref'].split('/')[0]}/{repo.inputs['name']}"
     image = container(job_of(recording))["image"]
-    assert image == recording.exports["image_ref"]
+    assert image == recording.exports[Export.IMAGE_REF]
     assert re.fullmatch(re.escape(url) + r":[0-9a-f]{16}@sha256:[0-9a-f]{64}", image), image
 
 
@@ -319,15 +320,15 @@ def test_outputs_name_the_job_and_give_kubectl_commands(recording: Recording):
     job = job_of(recording)
     name, ns = job["metadata"]["name"], job["metadata"]["namespace"]
     e = recording.exports
-    assert e["job_name"] == name
-    assert e["job_status_command"] == f"kubectl -n {ns} describe pytorchjob {name}"
+    assert e[Export.JOB_NAME] == name
+    assert e[Export.JOB_STATUS_COMMAND] == f"kubectl -n {ns} describe pytorchjob {name}"
     pod_labels = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["labels"]
-    selector = e["job_logs_command"].split(" -l ")[1].split()[0]
+    selector = e[Export.JOB_LOGS_COMMAND].split(" -l ")[1].split()[0]
     key, value = selector.split("=")
     assert pod_labels[key] == value == name, "the log command must select this run's workers"
-    assert "'[rank 0]'" in e["job_logs_command"], "the leader is global rank 0, wherever it runs"
-    assert e["job_delete_command"] == f"kubectl -n {ns} delete pytorchjob {name}"
-    assert not {"job_name", "image_ref", "job_status_command"} & recording.secret_exports
+    assert "'[rank 0]'" in e[Export.JOB_LOGS_COMMAND], "the leader is global rank 0, wherever it runs"
+    assert e[Export.JOB_DELETE_COMMAND] == f"kubectl -n {ns} delete pytorchjob {name}"
+    assert not {Export.JOB_NAME, Export.IMAGE_REF, Export.JOB_STATUS_COMMAND} & recording.secret_exports
 
 
 # --------------------------------------------------------------------------- c10d and no token

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from components import registry, versions
-from components.offline import is_secret_value
+from offline.recording import is_secret_value
 from components.registry import (
     content_hash,
     context_files,
@@ -24,6 +24,7 @@ from components.registry import (
     image_tag,
     is_ignored,
 )
+from components.stack import Export
 from tests.harness import Recording, plain
 
 IMAGE = "docker-build:index:Image"
@@ -168,7 +169,7 @@ def test_image_is_built_from_training_for_amd64_and_pushed_with_a_secret_token(r
     registries = image["registries"]
     assert is_secret_value(registries), "the registry password must reach the engine as a secret"
     (reg,) = plain(registries)
-    repo_url = recording.exports["image_ref"].split(":")[0]
+    repo_url = recording.exports[Export.IMAGE_REF].split(":")[0]
     assert repo_url.startswith(reg["address"] + "/")
     assert reg["password"] == "ecr-password-secret" and reg["username"] == "AWS"
     assert "ecr-password-secret" not in json.dumps(recording.exports, default=str)

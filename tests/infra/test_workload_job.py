@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 
 import pytest
 
-from components.hardware import PROFILES
+from components.planning.hardware import PROFILES
 from components.settings import JobSettings
 from components.training_job import (
+    SHARED_DIR,
     model_slug,
     node_check_thresholds,
     pytorchjob_manifest,
     training_command,
 )
-from tests.harness import job_settings
+from offline.stacks import ROOT
+from tests.harness import job_settings, parse, raw_settings
 from training import config as training_config
 from training.config import build_parser, config_from_namespace
 
@@ -119,6 +122,7 @@ def test_efa_and_gpu_counts_follow_the_job_when_set():
 
 EVERY_TRAINING_FIELD_CHANGED = {
     "model": "org/some-model", "cache_dir": "/elsewhere", "precision": "fp8", "sdpa_backend": "cudnn",
+    "packed_attention": "sdpa",
     "loss": "plain", "dataset": "data/train.jsonl", "dataset_split": "validation",
     "data_format": "fields", "prompt_field": "question", "response_field": "answer",
     "prompt_template": "{context}\n\nQ: {question}\nA: ", "val_fraction": 0.1,
@@ -174,3 +178,17 @@ def test_nccl_gives_up_on_a_hung_rank_when_the_package_does(timeout_s):
     assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == str(parsed.parallel.collective_timeout_s)
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
     assert parsed.parallel.collective_timeout_s == (timeout_s or training_config.ParallelConfig().collective_timeout_s)
+
+
+def test_the_training_readme_shows_the_command_the_pod_runs():
+    """training/README.md's example is the command a worker of the p5 stack runs
+    (``training_command``, which renders the package's own ``to_argv``), with ``RUN`` for the
+    run's name: a changed default, flag or stack file that moves the pod's command fails here."""
+    readme = (ROOT / "training" / "README.md").read_text()
+    block = readme.split("```bash\n", 1)[1].split("\n```", 1)[0]
+    start = block.index("torchrun ")
+    end = block.index("\npython -m training.finetune --help")
+    shown = shlex.split(block[start:end].replace(" \\\n", " "))
+    settings = parse(raw_settings("p5"))
+    pod = training_command(settings.job, settings.profile, data_dir=f"{SHARED_DIR}/runs/RUN")
+    assert shown == pod, f"training/README.md should show:\n{shlex.join(pod)}"

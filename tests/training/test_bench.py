@@ -55,3 +55,40 @@ def test_bench_writes_one_sane_json(tmp_path, world_of_one):
     assert abs(r["losses"][0] - 5.77) < 0.5
     assert r["perf/mfu_pct"] is None and r["memory_gib"] is None  # no GPU, no peak: null, not 0
     assert 0 < r["startup_s"]["first_step_s"] < r["time_to_first_step_s"]
+
+
+def test_bench_packed_rows_are_the_fine_tunes_packing(tmp_path, world_of_one):
+    """--doc-lengths: rows packed by the fine-tune's `dataset.pack` from documents whose
+    lengths lie in the range; checked against the packing rule (whole documents, positions
+    restarting at each, no target across a boundary) and the JSON's record of it."""
+    import torch
+
+    rows = bench.packed_rows(torch.Generator().manual_seed(1), 320, 3, 256,
+                             bench.document_lengths("20:60"))
+    assert rows.inputs.shape == (3, 256)
+    for r in range(3):
+        starts = (rows.positions[r] == 0).nonzero().flatten().tolist()
+        docs = starts[:rows.documents[r]]  # the rest is the padding's restart, if any
+        ends = docs[1:] + [starts[len(docs)] if len(starts) > len(docs) else 256]
+        for a, b in zip(docs, ends):
+            assert 20 <= b - a <= 60
+            assert rows.inputs[r, a] == bench.BOS_ID and rows.inputs[r, b - 1] == bench.EOS_ID
+            assert rows.targets[r, b - 1] == -100  # the last token predicts nothing
+        assert ends[-1] + 60 > 256  # the next document did not fit: the row was closed
+    status = bench.main(["--shape", "tiny", "--seq-len", "256", "--batch-size", "2",
+                         "--bench-steps", "2", "--bench-warmup", "1", "--doc-lengths", "20:60",
+                         "--activation-checkpointing", "none", "--out", str(tmp_path)])
+    assert status == 0
+    r = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert r["packed"]["micro_batches"] == 3
+    assert 256 / 60 - 1 <= r["packed"]["documents_per_row"]["mean"] <= 256 / 20
+    assert r["run/packed_attention"] == "sdpa"  # the CPU has no FlexAttention backward
+    t = r["step_time_s"]
+    assert t["max_over_median"] == pytest.approx(t["max"] / t["median"])
+
+
+@pytest.mark.parametrize("spec", ["1:5", "x:y", "7", "/nonexistent/lengths.txt"])
+def test_bad_doc_lengths_name_the_flag(spec, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--shape", "tiny", "--doc-lengths", spec])
+    assert f"--doc-lengths {spec}" in capsys.readouterr().err

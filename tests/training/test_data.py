@@ -123,29 +123,47 @@ def test_prompt_field_implies_the_fields_format():
 
 
 # ----------------------------------------------------------------------------- packing
-def test_packed_document_has_the_loss_it_has_alone(tokenizer):
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+"""The attention tests run on the GPU where there is one (the FlexAttention kernel the package
+trains with is compiled there; the CPU runs its unfused forward)."""
+
+
+@pytest.mark.parametrize("path", ["sdpa", "flex"])
+def test_packed_document_has_the_loss_it_has_alone(path, tokenizer):
     """Checked against the document alone: packed after another one in the same row, a
     document's per-token losses on the tiny model equal its losses alone within 1e-5, because
-    its position ids restart and transformers masks attention per document. The same row
-    with ordinary positions (0..n-1, one causal block) differs by more than 1e-3: the check
-    can see cross-document attention."""
+    its position ids restart and attention is masked per document: by transformers' dense
+    block-diagonal mask (sdpa) or by the package's block mask for FlexAttention
+    (training/attention.py; on a GPU through compiled decoder layers, as in training). The
+    same row with ordinary positions (0..n-1, one causal block) differs by more than 1e-3: the
+    check can see cross-document attention."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from training import attention
+
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**tiny.LLAMA_KWARGS)).eval()
+    model = LlamaForCausalLM._from_config(
+        LlamaConfig(**tiny.LLAMA_KWARGS), attn_implementation=attention.register()).eval()
+    model.to(DEVICE)
+    if path == "flex" and DEVICE.type == "cuda":
+        for layer in model.model.layers:
+            layer.compile()
     first = expected("Below is a long first document. ", "It has many tokens to attend to.")
     second = expected("Second: ", "short answer")
     docs = [(first[0], [False] + [True] * (len(first[0]) - 1)),
             (second[0], [False] + [True] * (len(second[0]) - 1))]
     packed, alone = dataset.pack(docs, 128, 0), dataset.pack(docs[1:], 128, 0)
     assert len(packed) == 1 and packed.positions[0, len(first[0])] == 0
+    assert packed.documents.tolist() == [2] and alone.documents.tolist() == [1]
 
     def token_losses(data, positions):
+        positions = positions.to(DEVICE)
+        mask = attention.document_block_mask(positions) if path == "flex" else None
         with torch.no_grad():
-            hidden = model.model(input_ids=data.inputs, position_ids=positions,
-                                 use_cache=False).last_hidden_state
+            hidden = model.model(input_ids=data.inputs.to(DEVICE), position_ids=positions,
+                                 attention_mask=mask, use_cache=False).last_hidden_state
             return torch.nn.functional.cross_entropy(
-                model.lm_head(hidden)[0], data.targets[0], reduction="none")
+                model.lm_head(hidden)[0], data.targets[0].to(DEVICE), reduction="none").cpu()
 
     n0, n1 = len(first[0]), len(second[0])
     ref = token_losses(alone, alone.positions)[:n1]
@@ -153,6 +171,47 @@ def test_packed_document_has_the_loss_it_has_alone(tokenizer):
                                rtol=0, atol=1e-5)
     leaky = token_losses(packed, torch.arange(128)[None])[n0:n0 + n1]
     assert (leaky - ref).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("seq_len, lengths, full_tiles", [
+    (512, (20, 300), True), (640, (128, 129), False), (300, (30, 90), False),
+    (384, (400, 500), True), (300, (400, 500), True)],
+                         ids=["short-docs", "tile-sized-docs", "ragged-last-tile", "one-per-row", "one-per-ragged-row"])
+def test_document_block_mask_is_the_one_create_block_mask_builds(seq_len, lengths, full_tiles):
+    """Checked against PyTorch's own construction (`create_block_mask` evaluating the
+    block-causal mask function on every element): the same empty, partial and full tiles for
+    packings of short documents, documents one tile long, a sequence that ends mid-tile, and
+    documents longer than a row."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from training import attention
+
+    gen = torch.Generator().manual_seed(seq_len)
+    docs = []
+    while sum(len(t) for t, _ in docs) < 4 * seq_len:
+        n = int(torch.randint(*lengths, (1,), generator=gen))
+        docs.append(([5] * n, [True] * n))
+    positions = dataset.pack(docs, seq_len, 0).positions[:3]
+    ids = attention.document_ids(positions)
+    ours = attention.document_block_mask(positions)
+    ref = create_block_mask(lambda b, h, q, kv: (q >= kv) & (ids[b, q] == ids[b, kv]), 3, None,
+                            seq_len, seq_len, device="cpu")
+    for table in ("kv_num_blocks", "full_kv_num_blocks"):
+        torch.testing.assert_close(getattr(ours, table), getattr(ref, table))
+    assert torch.equal(ours.to_dense(), ref.to_dense())
+    assert bool(ours.full_kv_num_blocks.sum() > 0) == full_tiles  # the case tests what it says
+
+
+def test_rows_of_one_document_take_the_causal_kernel():
+    """Checked against the packing rule: a batch passes position ids (and so a document mask)
+    only when one of its rows holds two documents; a lone document before padding does not."""
+    docs = [([1] + [5] * 60 + [2], [True] * 62), ([1] + [6] * 100 + [2], [True] * 102),
+            ([1] + [7] * 10 + [2], [True] * 12)]
+    data = dataset.pack(docs, 128, 0)
+    assert data.documents.tolist() == [1, 2]
+    alone, shared = data.batch(torch.tensor([0])), data.batch(torch.tensor([0, 1]))
+    assert len(alone) == 2 and len(shared) == 3
+    torch.testing.assert_close(shared[2], data.positions)
 
 
 def test_rows_hold_whole_documents_and_long_ones_are_cut(tokenizer):

@@ -21,6 +21,13 @@ key/value width, V vocabulary, s sequence length, b per-GPU batch, S the shard g
   ``torch.compile`` the fused elementwise kernels store less: the stored layers are scaled by
   ``COMPILED_ACTIVATION_FACTOR``, measured (docs/performance.md: 127 KB instead of 153.6 KB per
   token per layer, Llama-2-7B shape, seq 4096, batch 2-4, torch 2.11, 2 x H200).
+- **Attention masks** of packed rows (several documents per row, training/attention.py): with
+  ``packedAttention: sdpa`` the masked SDPA kernel keeps a bf16 bias of the dense
+  block-diagonal mask for backward, ``2 x b x s^2`` bytes per stored layer (measured: +1.50 GiB
+  for 16 layers at b 3, s 4096 on one H200, exactly that; docs/benchmarks/h200-packed/call1);
+  counted as if every row were packed (it errs high). FlexAttention's block mask is a few
+  int32 tables of (s / 128)^2 entries per row, shared by the layers: nothing at this scale
+  (measured: the same peak as plain causal rows).
 - **Logits**: with the package's fused loss (training/loss.py), fp32 logits and their gradient,
   ``8 x b x s x V``; the plain loss (the Hugging Face head, then ``F.cross_entropy``) holds about
   twice that, ``16 x b x s x V`` (measured: 2.3 GiB more than fused at b 3, s 4096, V 32000 on
@@ -38,24 +45,18 @@ peak reserved, at most 15 % above it, with the package's allocator setting.
 in the background: fp32 parameters and the two AdamW moments, 12 bytes per parameter over the
 shard group (gradients are not saved). That copy plus ``HOST_ALLOWANCE_GIB`` for the process
 itself must fit in the memory the worker pod requests per GPU
-(``training_job.MEMORY_GIB_PER_GPU``), or the job is refused with the fix (more nodes, a
+(``HardwareProfile.pod_memory_gib_per_gpu``), or the job is refused with the fix (more nodes, a
 sharded strategy, or ``job.asyncCheckpoint: false``).
+
+The settings rules that apply the estimate to a stack's job (the GPU budget, the host copy, what
+would fit instead) are in components/settings_rules.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from components.hardware import HardwareProfile
-from components.settings import (
-    JobSettings,
-    Problem,
-    Settings,
-    gpus_per_node,
-    job_node_bounds,
-)
-from training import config as training_config
-from training.config import TINY_MODEL
+from components.planning.hardware import HardwareProfile
 from training.shapes import ModelShape, shape_of_model
 
 GIB = 1024**3
@@ -103,6 +104,12 @@ def model_shape(model: str, parameters_billion: float | None) -> ModelShape | No
     return approximate_shape(parameters_billion * 1e9)
 
 
+def shard_group(sharding: str, *, nodes: int, gpus_per_node: int) -> int:
+    """GPUs that share one copy of the states: every GPU of the job, one node's, or one."""
+    world = nodes * gpus_per_node
+    return {"FULL_SHARD": world, "SHARD_GRAD_OP": world, "HYBRID_SHARD": gpus_per_node, "NO_SHARD": 1}[sharding]
+
+
 @dataclass(frozen=True, kw_only=True)
 class MemoryEstimate:
     """Per-GPU memory of one configuration, in GiB, term by term."""
@@ -140,11 +147,11 @@ def estimate(
     compile: bool = False,
     loss: str = "fused",
     precision: str = "bf16",
+    packed_attention: str = "flex",
 ) -> MemoryEstimate:
     """Per-GPU memory of a configuration (the formula of the module docstring)."""
     p = shape.parameters
-    world = nodes * gpus_per_node
-    group = {"FULL_SHARD": world, "SHARD_GRAD_OP": world, "HYBRID_SHARD": gpus_per_node, "NO_SHARD": 1}[sharding]
+    group = shard_group(sharding, nodes=nodes, gpus_per_node=gpus_per_node)
     states = STATE_BYTES_PER_PARAM * p / group
     if sharding in ("FULL_SHARD", "HYBRID_SHARD"):
         working = 2 * (2 + 2) * shape.largest_unit
@@ -164,6 +171,9 @@ def estimate(
     else:  # selective: every second layer checkpointed
         whole = shape.layers // 2
         activations = whole * per_layer + (shape.layers - whole) * layer_input + 2 * per_layer
+    if packed_attention == "sdpa":  # the dense mask's bias, per layer that keeps its inputs
+        kept = {"none": shape.layers, "full": 2}.get(activation_checkpointing, shape.layers // 2 + 2)
+        activations += kept * 2 * batch_size * seq_len**2
     logits = (8 if loss == "fused" else 16) * tokens * shape.vocab
     return MemoryEstimate(
         states=states / GIB,
@@ -180,116 +190,7 @@ def budget_gib(profile: HardwareProfile) -> float:
     return BUDGET_FRACTION * profile.gpu_memory_gib
 
 
-def _min_nodes(job: JobSettings) -> int:
-    """Elastic jobs may run at their lower bound: the fewest GPUs, the largest shards."""
-    return job_node_bounds(job)[0]
-
-
-def _job_estimate(shape: ModelShape, job: JobSettings, profile: HardwareProfile, **changes) -> MemoryEstimate:
-    t = training_config.flat(job.training)
-    params = {
-        "nodes": _min_nodes(job),
-        "gpus_per_node": gpus_per_node(job, profile),
-        **{k: t[k] for k in ("sharding", "batch_size", "seq_len", "activation_checkpointing", "compile",
-                             "loss", "precision")},
-    }
-    params.update(changes)
-    return estimate(shape, **params)
-
-
-def what_would_fit(shape: ModelShape, job: JobSettings, profile: HardwareProfile) -> list[str]:
-    """Changes of one or two keys that bring the estimate under the budget, each with its total."""
-    budget = budget_gib(profile)
-    nodes = _min_nodes(job)
-    t = training_config.flat(job.training)
-    options = []
-    for n in range(nodes + 1, MAX_SUGGESTED_NODES + 1):
-        e = _job_estimate(shape, job, profile, nodes=n, sharding="FULL_SHARD")
-        if e.total <= budget:
-            also = "" if t["sharding"] == "FULL_SHARD" else " with job.sharding FULL_SHARD"
-            options.append(f"job.nodes {n}{also} (and gpuNodes.desiredSize/maxSize >= {n}): {e.total:.1f} GiB")
-            break
-    for key, change in (
-        ("job.sharding FULL_SHARD", {"sharding": "FULL_SHARD"}),
-        ("job.activationCheckpointing full", {"activation_checkpointing": "full"}),
-        ("job.sharding FULL_SHARD and job.activationCheckpointing full",
-         {"sharding": "FULL_SHARD", "activation_checkpointing": "full"}),
-        ("job.batchSize 1", {"batch_size": 1}),
-    ):
-        if any(t[k] == v for k, v in change.items()):
-            continue  # already so, or the same as a single change above
-        e = _job_estimate(shape, job, profile, **change)
-        if e.total <= budget:
-            options.append(f"{key}: {e.total:.1f} GiB")
-    return options
-
-
 def staging_gib(shape: ModelShape, *, sharding: str, nodes: int, gpus_per_node: int) -> float:
     """Host memory of one process's async-checkpoint copy, in GiB."""
-    world = nodes * gpus_per_node
-    group = {"FULL_SHARD": world, "SHARD_GRAD_OP": world, "HYBRID_SHARD": gpus_per_node, "NO_SHARD": 1}[sharding]
+    group = shard_group(sharding, nodes=nodes, gpus_per_node=gpus_per_node)
     return STAGED_BYTES_PER_PARAM * shape.parameters / group / GIB
-
-
-def staging_problems(s: Settings) -> list[Problem]:
-    """Refuse an async-checkpointing job whose host copy would not fit in the pod's memory."""
-    from components.training_job import MEMORY_GIB_PER_GPU  # the pod's request per GPU
-
-    j = s.job
-    t = training_config.flat(j.training)
-    if (not t["async_checkpoint"] or t["model"] == TINY_MODEL or _min_nodes(j) < 1
-            or (j.model_parameters is not None and j.model_parameters <= 0)):
-        return []  # nothing staged, or the other rules report what is wrong
-    shape = model_shape(t["model"], j.model_parameters)
-    if shape is None:
-        return []  # gpu_problems asks for the parameter count
-    staged = staging_gib(shape, sharding=t["sharding"], nodes=_min_nodes(j),
-                         gpus_per_node=gpus_per_node(j, s.profile))
-    if staged + HOST_ALLOWANCE_GIB <= MEMORY_GIB_PER_GPU:
-        return []
-    return [Problem("job.asyncCheckpoint", True,
-                    f"an async checkpoint copies {staged:.1f} GiB per GPU process to host memory "
-                    f"({STAGED_BYTES_PER_PARAM} B x {shape.parameters / 1e9:.2f}B parameters over the "
-                    f"{t['sharding']} shard group), which with {HOST_ALLOWANCE_GIB:.0f} GiB for the process "
-                    f"exceeds the {MEMORY_GIB_PER_GPU} GiB the worker requests per GPU: run on more nodes, "
-                    "use job.sharding FULL_SHARD, or set job.asyncCheckpoint false (checkpoints then "
-                    "pause training while they are written)")]
-
-
-def fit_problems(s: Settings) -> list[Problem]:
-    """The settings rule: refuse a job that does not fit in GPU memory, or whose async
-    checkpoint copy does not fit in host memory."""
-    return gpu_problems(s) + staging_problems(s)
-
-
-def gpu_problems(s: Settings) -> list[Problem]:
-    """Refuse a job whose per-GPU estimate exceeds the budget."""
-    j, p = s.job, s.profile
-    t = training_config.flat(j.training)
-    if t["model"] == TINY_MODEL:
-        return []
-    if j.model_parameters is not None and j.model_parameters <= 0:
-        return []  # the job rules report it; nothing sensible to estimate
-    shape = model_shape(t["model"], j.model_parameters)
-    if shape is None:
-        return [Problem("job.modelParameters", None,
-                        f"{t['model']} is not in the GPU-memory fit check's table (components/memory_fit.py): "
-                        "give its parameter count in billions, e.g. modelParameters: 8.0")]
-    if min(j.nodes, _min_nodes(j)) < 1:
-        return []  # the job rules report these; nothing sensible to estimate
-    e = _job_estimate(shape, j, p)
-    budget = budget_gib(p)
-    if e.total <= budget:
-        return []
-    gpus = gpus_per_node(j, p)
-    nodes = _min_nodes(j)
-    value = (f"{t['model']} on {nodes} x {p.instance_type} ({nodes * gpus} GPUs), {t['sharding']}, "
-             f"batchSize {t['batch_size']}, seqLen {t['seq_len']}, "
-             f"activationCheckpointing {t['activation_checkpointing']}")
-    options = what_would_fit(shape, j, p)
-    would = ("would fit: " + "; ".join(options)) if options else (
-        f"nothing up to {MAX_SUGGESTED_NODES} nodes fits: use a smaller model or a GPU with more memory")
-    return [Problem("job", value,
-                    f"does not fit in GPU memory: estimated {e.total:.1f} GiB per GPU > {budget:.1f} GiB "
-                    f"({BUDGET_FRACTION:.0%} of {p.gpu_memory_gib} GiB, {p.gpu_model}): "
-                    f"{e.breakdown(shape, t['activation_checkpointing'])}. It {would}")]

@@ -3,24 +3,25 @@
 Speed: the MFU measured on 2 x H200 for the job's kind of step (docs/performance.md: Llama-2-7B,
 compile per block, FULL_SHARD, batch 3: 56.2 % without activation checkpointing, 46.0 % with full
 checkpointing; 48.4 % for 13B with selective; eager steps 0.774 of compiled ones, measured at
-full AC; float8 linears 1.307 x bf16, measured without AC), times the profile's bf16 peak, over
+full AC; float8 linears 1.307 x bf16, measured without AC; the dense-mask attention of packed
+rows, ``packedAttention: sdpa``, 0.842 x, measured on one H200 with documents of 200-400 tokens:
+FlexAttention's packed rows run at least at the plain rate), times the profile's bf16 peak, over
 the model's FLOPs per token (docs/design.md#measuring-speed), is one node's tokens/s per GPU (the A100 is
-assumed to reach the H100's MFU, as in the scaling model); ``training.scaling_model`` then
-adds what FSDP's collectives cost across the job's nodes. Money: the nodes' on-demand price
-(``components/hardware.py``, dated). Both are estimates for planning, not promises: other models,
-batches and sequence lengths than the measured ones move the MFU.
+assumed to reach the H100's MFU, as in the scaling model); the scaling model
+(``scaling_model.py``) then adds what FSDP's collectives cost across the job's nodes. Money: the
+nodes' price (``hardware.py``, with its basis: on demand, or a Capacity Block's rate, dated).
+Both are estimates for planning, not promises: other models, batches and sequence lengths than
+the measured ones move the MFU.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from components.hardware import PRICES_AS_OF, HardwareProfile
-from components.memory_fit import model_shape
-from components.settings import Settings, gpus_per_node
+from components.planning.hardware import HardwareProfile
+from components.planning.scaling_model import Cluster, predict
 from training import config as training_config
-from training.scaling_model import Cluster, predict
-from training.shapes import ModelShape
+from training.shapes import ModelShape, flops_per_token
 
 MEASURED_MFU = {"none": 0.562, "full": 0.460, "selective": 0.484}
 """Compiled bf16 steps on 2 x H200 by activation checkpointing (docs/performance.md)."""
@@ -28,6 +29,12 @@ EAGER_FACTOR = 7643 / 9881
 """Eager over compiled tokens/s, full AC, 7B, 2 x H200."""
 FLOAT8_FACTOR = 15766 / 12065
 """float8 linears over bf16 tokens/s, no AC, compile, FULL_SHARD, 7B, 2 x H200."""
+PACKED_SDPA_FACTOR = 21113 / 25087
+"""Packed rows (about 13 documents of 200-400 tokens per row of 4,096) on the dense-mask SDPA
+path over plain causal rows, 16 layers of the 7B shape, no AC, compile, one H200, same call
+(docs/benchmarks/h200-packed/call1). Through FlexAttention the same rows ran 1.067 x the plain
+rate, so the default path keeps the plain MFU (a floor); the sdpa path is forecast as if every
+row were packed (it errs low for long records)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,11 +53,6 @@ class Forecast:
         return self.usd_per_hour / (self.tokens_per_s * 3600 / 1e9)
 
 
-def flops_per_token(shape: ModelShape, seq_len: int) -> float:
-    """6 x (parameters without the embedding table) + 12 x layers x hidden x sequence."""
-    return 6 * (shape.parameters - shape.vocab * shape.hidden) + 12 * shape.layers * shape.hidden * seq_len
-
-
 def forecast(shape: ModelShape, job: training_config.JobConfig, profile: HardwareProfile, nodes: int,
              gpus_per_node: int) -> Forecast:
     """Tokens/s per GPU and price per hour of ``job`` on ``nodes`` nodes of ``profile``."""
@@ -59,8 +61,11 @@ def forecast(shape: ModelShape, job: training_config.JobConfig, profile: Hardwar
         mfu *= EAGER_FACTOR
     if job.model.precision == "fp8":
         mfu *= FLOAT8_FACTOR
+    if job.model.packed_attention == "sdpa":
+        mfu *= PACKED_SDPA_FACTOR
     seq = job.data.seq_len
-    one_node = mfu * profile.gpu_peak_bf16_flops / flops_per_token(shape, seq)
+    one_node = mfu * profile.gpu_peak_bf16_flops / flops_per_token(
+        shape.parameters - shape.vocab * shape.hidden, shape.layers, shape.hidden, seq)
     step_s = job.train.batch_size * job.train.grad_accum * seq / one_node
     sharding = job.parallel.sharding if job.parallel.sharding != "NO_SHARD" else "FULL_SHARD"
     cluster = Cluster(name=profile.instance_type, nodes=nodes, gpus_per_node=gpus_per_node,
@@ -68,26 +73,13 @@ def forecast(shape: ModelShape, job: training_config.JobConfig, profile: Hardwar
     p = predict(params=shape.parameters, measured_step_s=step_s, measured_gpus=gpus_per_node,
                 strategy=sharding, cluster=cluster)
     return Forecast(tokens_per_s_per_gpu=one_node * step_s / p.step_s, scaling_efficiency=p.efficiency,
-                    gpus=nodes * gpus_per_node, usd_per_hour=nodes * profile.on_demand_usd_per_hour)
+                    gpus=nodes * gpus_per_node, usd_per_hour=nodes * profile.usd_per_hour)
 
 
-def preview_line(settings: Settings) -> str | None:
-    """The forecast of the stack's job, or None for a model the fit check does not know."""
-    job, profile = settings.job, settings.profile
-    t = job.training
-    if t.model.model == training_config.TINY_MODEL:
-        return None
-    shape = model_shape(t.model.model, job.model_parameters)
-    if shape is None:
-        return None
-    f = forecast(shape, t, profile, job.nodes, gpus_per_node(job, profile))
-    return describe(f, profile, job.nodes)
-
-
-def describe(f: Forecast, profile: HardwareProfile, nodes: int) -> str:
+def forecast_line(f: Forecast, profile: HardwareProfile, nodes: int) -> str:
     """The preview line."""
     return (f"job forecast: about {f.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, {f.tokens_per_s:,.0f} for "
             f"the job ({f.gpus} GPUs, {f.scaling_efficiency:.0%} of one node's per-GPU rate); GPU nodes "
-            f"{nodes} x {profile.instance_type} at ${profile.on_demand_usd_per_hour:,.2f}/h on demand "
-            f"(us-east-1, {PRICES_AS_OF}) = ${f.usd_per_hour:,.2f}/h, about ${f.usd_per_billion_tokens:,.0f} "
+            f"{nodes} x {profile.instance_type} at ${profile.usd_per_hour:,.2f}/h {profile.price_basis} "
+            f"= ${f.usd_per_hour:,.2f}/h, about ${f.usd_per_billion_tokens:,.0f} "
             f"and {1e9 / f.tokens_per_s / 3600:.1f} h per billion tokens")

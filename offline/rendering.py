@@ -1,5 +1,5 @@
 """Render what ``pulumi up`` installs, offline: every Helm release with exactly the values the
-program passes (from a mock run, ``components/offline.py``) and the Training Operator overlay,
+program passes (from a mock run, ``offline/mocks.py``) and the Training Operator overlay,
 with the real ``helm`` and ``kubectl`` (its built-in kustomize).
 
 One function, ``render_stack``, serves ``make demo`` (which writes the objects beside the plan's
@@ -27,7 +27,8 @@ from typing import Any
 import yaml
 
 from components import versions
-from components.offline import ROOT, Recording, masked
+from offline.recording import Recording, masked
+from offline.stacks import ROOT
 
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 KUSTOMIZE_DIRECTORY = "kubernetes:kustomize/v2:Directory"

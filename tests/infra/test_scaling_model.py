@@ -1,11 +1,11 @@
-"""training/scaling_model.py against hand arithmetic: FSDP's bytes per step, and the limits
+"""components/planning/scaling_model.py against hand arithmetic: FSDP's bytes per step, and the limits
 where the answer is known (one node; unlimited bandwidth; a network far too slow to hide)."""
 
 from __future__ import annotations
 
 import pytest
 
-from training.scaling_model import Cluster, collective_seconds, predict
+from components.planning.scaling_model import Cluster, collective_seconds, predict
 
 P = 6.74e9
 
@@ -73,14 +73,12 @@ def test_slow_network_exposes_the_excess():
     assert p.efficiency < 0.25
 
 
-def test_calibration_point_reproduced():
-    """The contention constant's own calibration: 2 GPUs, 8P x 1/2 bytes at 240 GB/s, all
-    hidden under a 1.2 s step, cost 0.6 x that time."""
-    two = Cluster(name="2gpu", nodes=1, gpus_per_node=2, network_gbps=0.0,
-                  nvlink_busbw_gbs=240.0)
-    fwd, bwd = collective_seconds(P, "FULL_SHARD", two)
-    assert fwd + bwd == pytest.approx(8 * P / 2 / 240e9)
-    p = predict(params=P, measured_step_s=1.244, measured_gpus=2, strategy="FULL_SHARD",
-                cluster=two)
-    assert p.step_s == pytest.approx(1.244)
-    assert p.contention_s == pytest.approx(0.6 * (fwd + bwd))
+def test_the_calibration_run_is_reproduced():
+    """Checked against the calibration measurement (2 x H200, Llama-2-7B, full AC + compile,
+    batch 3; components/planning/scaling_model.py, docs/performance.md): one GPU stepped in
+    1.216 s, of which 39 ms is the half of the optimizer step that two GPUs split; two GPUs on
+    NVLink (240 GB/s) stepped in 1.244 s. From the one-GPU compute the model predicts the
+    two-GPU step within 3 ms."""
+    two = Cluster(name="2gpu", nodes=1, gpus_per_node=2, network_gbps=0.0, nvlink_busbw_gbs=240.0)
+    p = predict(params=P, measured_step_s=1.216 - 0.039, measured_gpus=1, strategy="FULL_SHARD", cluster=two)
+    assert p.one_node_step_s == pytest.approx(1.244, abs=0.003)

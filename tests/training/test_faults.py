@@ -114,11 +114,16 @@ def _wait_for_step(metrics: Path, step: int, procs: list[subprocess.Popen], time
         time.sleep(0.05)
 
 
-def _step_lines(path: Path) -> int:
-    """Step records in the metrics file (the resumed run writes its node check's record
-    first)."""
-    return sum('"train/step"' in line for line in path.read_text().splitlines()) \
-        if path.exists() else 0
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _steps_after(path: Path, line: int) -> list[dict]:
+    """The training-step records after the first ``line`` lines (a restarted group's node check
+    writes a record of its own before its first step)."""
+    complete = path.read_text().splitlines(keepends=True)[line:]  # not a line being written
+    records = [json.loads(text) for text in complete if text.endswith("\n") and text.strip()]
+    return [r for r in records if "train/step" in r]
 
 
 LOST_NODE_BOUND_S = 60
@@ -149,11 +154,11 @@ def test_lost_node_resumes_from_last_checkpoint_through_etcd(etcd, reference, tm
         _wait_for_step(metrics, N + 1, agents, timeout=180)
         lost = agents.pop(1)
         victims = [*_workers(lost.pid).values(), lost.pid]
-        before, killed = _step_lines(metrics), time.monotonic()
+        before, killed = _lines(metrics), time.monotonic()
         for pid in victims:  # the node goes away: its agent and its worker at once
             os.kill(pid, signal.SIGKILL)
         agents.append(agent())  # the replacement node's pod
-        while _step_lines(metrics) == before:
+        while not _steps_after(metrics, before):
             assert time.monotonic() - killed < 180, "no step after the node was lost"
             time.sleep(0.05)
         restart_s = time.monotonic() - killed
@@ -165,8 +170,7 @@ def test_lost_node_resumes_from_last_checkpoint_through_etcd(etcd, reference, tm
     for a, out in zip(agents, outputs):
         assert a.returncode == 0, f"agent failed ({a.returncode}):\n{out[-6000:]}"
     assert any(f"resumed from {ckpt}/step_{N:08d}" in out for out in outputs)
-    first_after = [r for r in map(json.loads, metrics.read_text().splitlines())
-                   if "train/step" in r][before]
+    first_after = _steps_after(metrics, before)[0]
     assert first_after["train/step"] == N + 1, "resumed from the last checkpoint, step N"
     run = Run(0, "".join(outputs), tmp_path)
     assert_losses_close(run.losses(), reference.losses(), BITWISE_RTOL, "node lost + replaced")

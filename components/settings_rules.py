@@ -23,7 +23,7 @@ from components.settings import (
     job_node_bounds,
 )
 from training import config as training_config
-from training.shapes import ModelShape
+from training.shapes import ModelShape, trained_context
 
 Rule = Callable[[Settings], list[Problem]]
 
@@ -185,7 +185,28 @@ def _job_rules(s: Settings) -> list[Problem]:
     if j.training.parallel.sharding == "HYBRID_SHARD" and j.nodes < 2:
         problems.append(Problem("job.sharding", "HYBRID_SHARD", "HYBRID_SHARD replicates across nodes: use "
                                 "FULL_SHARD on one node, or job.nodes >= 2"))
-    return problems
+    return problems + _hsdp_shard_problems(s)
+
+
+def _hsdp_worlds(s: Settings) -> list[tuple[int, int]]:
+    """(nodes, GPUs) of every world the job can run at (each node count of its elastic range)."""
+    lo, hi = job_node_bounds(s.job)
+    gpus = gpus_per_node(s.job, s.profile)
+    return [(n, n * gpus) for n in sorted({s.job.nodes, *range(max(lo, 1), hi + 1)})]
+
+
+def _hsdp_shard_problems(s: Settings) -> list[Problem]:
+    """HYBRID_SHARD's 2-D mesh is (replicas, shard size): the shard size must divide the world
+    size, at every node count the job can run at (torch's DeviceMesh refuses otherwise, in the pod)."""
+    shard = s.job.training.parallel.hsdp_shard_size
+    if s.job.training.parallel.sharding != "HYBRID_SHARD" or shard < 1:
+        return []
+    bad = [f"{nodes} x {world // nodes} = {world}" for nodes, world in _hsdp_worlds(s) if world % shard]
+    if not bad:
+        return []
+    return [Problem("job.hsdpShardSize", shard,
+                    f"must divide the world size, job nodes x GPUs per node ({', '.join(bad)} GPUs): use a "
+                    f"divisor, e.g. {gpus_per_node(s.job, s.profile)} (one node's GPUs), or leave it unset")]
 
 
 # --------------------------------------------------------------------------- fit in memory
@@ -458,7 +479,34 @@ def _no_alert_receiver_warning(s: Settings) -> list[Problem]:
     return []
 
 
-WARNINGS: list[Rule] = [_open_endpoint_warning, _no_alert_receiver_warning]
+def _hsdp_straddles_nodes_warning(s: Settings) -> list[Problem]:
+    """A shard group that is neither a part nor a multiple of a node mixes NVLink and EFA links in
+    its all-gathers and reduce-scatters: it runs, at the slower link's speed."""
+    shard, gpus = s.job.training.parallel.hsdp_shard_size, gpus_per_node(s.job, s.profile)
+    if s.job.training.parallel.sharding != "HYBRID_SHARD" or shard < 1 or gpus % shard == 0 or shard % gpus == 0:
+        return []
+    return [Problem("job.hsdpShardSize", shard,
+                    f"does not divide the {gpus} GPUs per node nor is a multiple of it: some shard groups span "
+                    "two nodes, and their collectives run at the network's speed instead of NVLink's; use a "
+                    f"divisor or a multiple of {gpus}")]
+
+
+def _context_warning(s: Settings) -> list[Problem]:
+    """A sequence longer than the model's trained context: positions beyond it were never trained
+    (rotary embeddings extrapolate badly). The job fits it in memory; the quality is the risk."""
+    trained = trained_context(s.job.training.model.model)
+    seq_len = s.job.training.data.seq_len
+    if trained is None or seq_len <= trained:
+        return []
+    return [Problem("job.seqLen", seq_len,
+                    f"{s.job.training.model.model} was trained at {trained:,} positions: beyond that its rotary "
+                    "position embeddings are untrained and quality drops. The fine-tune has no RoPE-scaling "
+                    f"option: use at most {trained}, or a model whose config.json sets rope_scaling for the "
+                    "length you need")]
+
+
+WARNINGS: list[Rule] = [_open_endpoint_warning, _no_alert_receiver_warning, _hsdp_straddles_nodes_warning,
+                        _context_warning]
 """What preview warns about but accepts (``settings_parser.settings_warnings``)."""
 
 RULES: list[Rule] = [_network_rules, _cluster_rules, _gpu_node_rules, _job_rules, _secret_rules,

@@ -48,13 +48,13 @@ from training.config import JobConfig, flag, parse_args  # noqa: E402
 from training.dist import DistEnv, init_distributed  # noqa: E402
 from training.dataset import PackedData, pack  # noqa: E402
 from training.errors import UserError  # noqa: E402
-from training.finetune import (build_model, build_scheduler, describe,  # noqa: E402
+from training.finetune import (build_model, describe,  # noqa: E402
                                parallelize_model, set_runtime_defaults, train_step)
 from training.gc_schedule import GcSchedule  # noqa: E402
 from training.logs import setup_logging  # noqa: E402
 from training.metrics import peak_flops, perf_metrics  # noqa: E402
-from training.optim import build_optimizer  # noqa: E402
-from training.parallel import check_precision, strategy  # noqa: E402
+from training.optim import build_optimizer, build_scheduler  # noqa: E402
+from training.parallel import Parallelism, check_precision  # noqa: E402
 from training.model import init_random_, meta_model_from_config  # noqa: E402
 
 log = logging.getLogger("training.bench")
@@ -213,22 +213,24 @@ def _versions(env: DistEnv) -> dict:
 
 
 def _build_model(args: argparse.Namespace, cfg: JobConfig,
-                 env: DistEnv) -> tuple[nn.Module, dict, str]:
-    """(model, what was wrapped, where its weights come from): a random-init model of the
-    --shape through `finetune.parallelize_model`, or --model through `finetune.build_model`."""
+                 env: DistEnv) -> tuple[nn.Module, Parallelism, str]:
+    """(model, what `parallelize` did to it, where its weights come from): a random-init model
+    of the --shape through `finetune.parallelize_model`, or --model through
+    `finetune.build_model`."""
     if args.shape or any(getattr(args, n) is not None for n in SHAPE_FLAGS):
         model = meta_model_from_config(_model_config(args, cfg.data.seq_len))
-        _, wrapped = parallelize_model(cfg, model, env, fsdp_at_world_1=args.fsdp_at_world_1)
+        _, parallel = parallelize_model(cfg, model, env, fsdp_at_world_1=args.fsdp_at_world_1)
         init_random_(model, cfg.train.seed)
         model.train()
-        return model, wrapped, f"random init, shape {args.shape or 'custom'}"
+        return model, parallel, f"random init, shape {args.shape or 'custom'}"
     model_dir = hub.fetch_model(cfg.model.model, cfg.model.cache_dir, cfg.train.seed, env)
-    model = build_model(cfg, model_dir, env)
-    return model, {"fully_shard": 1} if env.world_size > 1 else {}, f"loaded from {cfg.model.model}"
+    model, parallel = build_model(cfg, model_dir, env)
+    return model, parallel, f"loaded from {cfg.model.model}"
 
 
 def _stepper(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, model: nn.Module,
-             optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
+             parallel: Parallelism, optimizer: torch.optim.Optimizer,
+             scheduler: torch.optim.lr_scheduler.LRScheduler,
              packing: list[torch.Tensor]) -> Callable[[], tuple]:
     """`finetune.train_step` on fresh random rows (uniform random tokens, or packed documents
     with --doc-lengths; each micro-batch's documents per row are appended to `packing`), as a
@@ -250,7 +252,7 @@ def _stepper(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, model: nn.M
                 for _ in range(cfg.train.grad_accum)]
 
     def step():
-        return train_step(model, optimizer, scheduler, micro_batches(),
+        return train_step(model, parallel, optimizer, scheduler, micro_batches(),
                           cfg.optim.max_grad_norm, env)
 
     return step
@@ -329,16 +331,17 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
         torch.cuda.set_per_process_memory_fraction(args.memory_fraction, device)
     check_precision(cfg.model.precision, device)
     started = time.perf_counter()
-    model, wrapped, source = _build_model(args, cfg, env)
+    model, parallel, source = _build_model(args, cfg, env)
     _sync(device)
     timings["model_s"] = time.perf_counter() - started
     started = time.perf_counter()
-    optimizer = build_optimizer(model, cfg.optim, device, compiled=cfg.parallel.compile)
+    optimizer = build_optimizer(model, cfg.optim, device, compiled=cfg.parallel.compile,
+                                local=parallel.local)
     scheduler = build_scheduler(optimizer, cfg.optim, total=10**6)  # warm-up, then flat
     probe = _StateProbe(optimizer, device)
     timings["optimizer_s"] = time.perf_counter() - started
     packing: list[torch.Tensor] = []
-    step = _stepper(args, cfg, env, model, optimizer, scheduler, packing)
+    step = _stepper(args, cfg, env, model, parallel, optimizer, scheduler, packing)
     collector = GcSchedule(args.gc_every)
     losses = _warm_up(args, step, device, timings)
     step_times, wall = _timed_steps(args, step, device, losses, collector)
@@ -347,7 +350,7 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
         _profile(args, cfg, env, step)
     checkpoint_cost = (_checkpoint_cost(step, model, optimizer, Path(args.checkpoint_cost),
                                         device) if args.checkpoint_cost else None)
-    setup = _setup_record(args, cfg, env, model, wrapped, source)
+    setup = _setup_record(args, cfg, env, model, parallel, source)
     record = {**setup, **_speed_record(args, cfg, env, setup["run/flops_per_token"], step_times,
                                        wall),
               "packed": _packing_record(args, packing),
@@ -362,7 +365,7 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
 
 
 def _setup_record(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, model: nn.Module,
-                  wrapped: dict, source: str) -> dict:
+                  parallel: Parallelism, source: str) -> dict:
     """What was run: the fine-tune's description (`run/*`, `finetune.describe`) with the
     model's source as run/model, and what only the bench reports."""
     mcfg = model.config
@@ -371,7 +374,7 @@ def _setup_record(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, model:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "tag": args.tag,
         "status": "ok",
-        **describe(cfg, env, model),
+        **describe(cfg, env, model, parallel),
         "run/model": source,
         "model": {"shape": args.shape, "intermediate": mcfg.intermediate_size,
                   "heads": mcfg.num_attention_heads, "kv_heads": mcfg.num_key_value_heads,
@@ -382,8 +385,8 @@ def _setup_record(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, model:
         "precision": {"master_params": "float32"},
         "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get(
             "PYTORCH_ALLOC_CONF"),
-        "strategy": strategy(model, cfg.parallel.sharding),
-        "wrapped": wrapped,
+        "strategy": parallel.strategy(cfg.parallel.sharding),
+        "wrapped": parallel.wrapped,
         "sync_every_step": args.sync_every_step,
         "gc_every": args.gc_every,
         "memory_fraction": args.memory_fraction,

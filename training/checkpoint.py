@@ -2,7 +2,8 @@
 
 Layout of --checkpoint-dir (a filesystem every node sees, e.g. FSx for Lustre)::
 
-    step_00000100/           a complete checkpoint: DCP shards, .metadata, MANIFEST.json, COMPLETE
+    step_00000100/           a complete checkpoint: DCP shards, .metadata, MANIFEST.json,
+                             RUN.json (the run's settings), COMPLETE
     .step_00000200.tmp/      a save in progress (or one that died): never resumed
     damaged.step_00000300.<time>/   a checkpoint that failed verification, set aside, never resumed
 
@@ -41,9 +42,9 @@ import logging
 import os
 import random
 import shutil
-import signal
 import time
 import zlib
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,17 +70,14 @@ TMP_SUFFIX = ".tmp"
 DAMAGED_PREFIX = "damaged."
 COMPLETE_MARKER = "COMPLETE"
 MANIFEST = "MANIFEST.json"
+RUN_RECORD = "RUN.json"
+"""What the run that wrote a checkpoint was started with (training/run_record.py)."""
 DCP_METADATA = ".metadata"
 MODEL_KEY, OPTIMIZER_KEY, TRAINER_KEY = "model", "optimizer", "trainer"
 EVAL_LOSS_KEY = "eval_loss"
 """Key of the validation loss in a COMPLETE marker, when the step was evaluated (--keep-best)."""
 CHUNK = 16 << 20
 """Bytes read at a time when checksumming."""
-
-TEST_KILL_IN_SAVE_ENV = "FSDP_EKS_TEST_KILL_IN_SAVE_AT_STEP"
-"""Test hook: on the first attempt (TORCHELASTIC_RESTART_COUNT=0), the last rank SIGKILLs itself
-after writing its shards of this step's checkpoint, before the checkpoint is marked complete."""
-
 
 class ModelState(Stateful):
     def __init__(self, model: nn.Module):
@@ -153,12 +151,28 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def read_marker(path: Path) -> tuple[dict | None, str | None]:
+    """(the checkpoint's COMPLETE marker, None) or (None, what is wrong with it)."""
+    try:
+        marker = json.loads((path / COMPLETE_MARKER).read_text())
+    except (OSError, ValueError) as e:
+        return None, f"{COMPLETE_MARKER} is unreadable ({e})"
+    if not isinstance(marker, dict):
+        return None, f"{COMPLETE_MARKER} is not a JSON object"
+    return marker, None
+
+
 def best_checkpoint(root: Path) -> tuple[int, Path, float] | None:
     """(step, path, validation loss) of the complete checkpoint with the lowest validation loss
-    recorded in its marker (the newest among equals); None if none records one."""
+    recorded in its marker (the newest among equals); None if none records one. A marker that
+    cannot be read records none (resume sets such checkpoints aside; this only skips one that
+    was damaged since)."""
     scored = []
     for step, path in complete_checkpoints(root):
-        loss = json.loads((path / COMPLETE_MARKER).read_text() or "{}").get(EVAL_LOSS_KEY)
+        marker, problem = read_marker(path)
+        if problem is not None:
+            log.warning("checkpoint %s: %s; not a candidate for --keep-best", path, problem)
+        loss = (marker or {}).get(EVAL_LOSS_KEY)
         if loss is not None:
             scored.append((loss, -step, path))
     if not scored:
@@ -220,12 +234,9 @@ def check_file(directory: Path, name: str, expected: dict) -> str | None:
 def read_manifest(path: Path) -> tuple[dict | None, str | None]:
     """(files by name, None), (None, what is wrong), or (None, None) for a checkpoint written
     before manifests existed (its COMPLETE marker names none)."""
-    try:
-        marker = json.loads((path / COMPLETE_MARKER).read_text())
-    except (OSError, ValueError) as e:
-        return None, f"{COMPLETE_MARKER} is unreadable ({e})"
-    if not isinstance(marker, dict):
-        return None, f"{COMPLETE_MARKER} is not a JSON object"
+    marker, problem = read_marker(path)
+    if problem is not None:
+        return None, problem
     if "manifest_crc32" not in marker:
         return None, None
     try:
@@ -252,11 +263,16 @@ class _PendingSave:
 
 class Checkpointer:
     """Save and load the whole training state; keep the newest K complete checkpoints (and,
-    with keep_best, the one with the lowest validation loss)."""
+    with keep_best, the one with the lowest validation loss); say when a save is due.
+    ``on_files_written(step)`` runs on each rank once its files of a save are written, before
+    the checkpoint is complete (the tests' fault hook)."""
 
     def __init__(self, root: str, keep: int, env: DistEnv, *, async_save: bool = True,
-                 timeout_s: float = 600.0, keep_best: bool = False):
-        self.root, self.keep, self.env = Path(root), keep, env
+                 timeout_s: float = 600.0, keep_best: bool = False, every: int = 0,
+                 run_record: dict | None = None,
+                 on_files_written: Callable[[int], None] | None = None):
+        self.root, self.keep, self.env, self.every = Path(root), keep, env, every
+        self.run_record, self.on_files_written = run_record, on_files_written
         self.async_save, self.timeout_s, self.keep_best = async_save, timeout_s, keep_best
         if env.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -268,6 +284,12 @@ class Checkpointer:
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash")
         self.pending: _PendingSave | None = None
         dist.barrier()
+
+    def due(self, step: int, last: int, evaluated: bool) -> bool:
+        """Every ``every`` steps (0: never in between), after the last step, and with
+        keep_best after every evaluation."""
+        return bool(self.every and step % self.every == 0) or step == last or (
+            evaluated and self.keep_best)
 
     def _state(self, model, optimizer, trainer: TrainerState) -> dict:
         return {MODEL_KEY: ModelState(model), OPTIMIZER_KEY: OptimizerState(model, optimizer),
@@ -291,6 +313,7 @@ class Checkpointer:
                 if damaged:
                     log.warning("resumed from step %d (%s) instead of the damaged checkpoint(s) "
                                 "%s", step, path, "; ".join(damaged))
+                self._set_aside_unreadable([p for s, p in found[0] if s < step])
                 return path
             older = [s for s, _ in found[0] if s < step]
             aside = self._set_aside(path)
@@ -300,6 +323,18 @@ class Checkpointer:
                         f"falling back to step {older[-1]}" if older else
                         "no older complete checkpoint: starting from step 0")
         return None
+
+    def _set_aside_unreadable(self, older: list[Path]) -> None:
+        """Set aside the older checkpoints whose marker or manifest cannot be read (what
+        pruning and --keep-best read of them), with a warning: they could never be resumed.
+        Their shards are verified only if one is resumed or exported."""
+        found = [[(path, problem) for path in older
+                  if (problem := read_manifest(path)[1]) is not None]
+                 if self.env.is_main else None]
+        dist.broadcast_object_list(found, src=0)
+        for path, problem in found[0]:
+            log.warning("older checkpoint %s is damaged: %s. Set aside as %s for inspection",
+                        path, problem, self._set_aside(path))
 
     def verify(self, path: Path) -> list[str] | None:
         """Problems of a checkpoint (same list on every rank); None when verified sound, []
@@ -319,6 +354,18 @@ class Checkpointer:
         dist.all_gather_object(everyone, mine)
         problems = sorted(p for ps in everyone for p in ps)
         return problems or None
+
+    def run_record_of(self, path: Path) -> dict | None:
+        """The RUN.json of a checkpoint as rank 0 reads it (None if it has none or it cannot
+        be read: a checkpoint of an older version); the same on every rank."""
+        record: list = [None]
+        if self.env.is_main:
+            try:
+                record[0] = json.loads((path / RUN_RECORD).read_text())
+            except (OSError, ValueError):
+                pass
+        dist.broadcast_object_list(record, src=0)
+        return record[0]
 
     def best(self) -> tuple[int, Path, float] | None:
         """`best_checkpoint` as rank 0 sees it, once any pending save is complete (all ranks
@@ -420,13 +467,16 @@ class Checkpointer:
     def _commit(self) -> None:
         p, self.pending = self.pending, None
         mine = p.files.result()  # the writer's or hasher's exception, if any, fails this rank
-        _maybe_die_for_test(p.step, self.env)
+        if self.on_files_written is not None:
+            self.on_files_written(p.step)
         everyone: list = [None] * self.env.world_size
         dist.all_gather_object(everyone, mine)
         if self.env.is_main:
             manifest = {name: entry for files in everyone for name, entry in files.items()}
             on_disk = {f.name for f in p.tmp.iterdir()}
             assert on_disk == set(manifest), f"unlisted or unwritten files: {on_disk ^ set(manifest)}"
+            if self.run_record is not None:
+                _write_synced(p.tmp / RUN_RECORD, json.dumps(self.run_record, indent=1))
             raw = json.dumps({"step": p.step, "files": manifest}, indent=1, sort_keys=True)
             _write_synced(p.tmp / MANIFEST, raw)
             _write_synced(p.tmp / COMPLETE_MARKER, json.dumps(
@@ -461,12 +511,3 @@ class Checkpointer:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"
-
-
-def _maybe_die_for_test(step: int, env: DistEnv) -> None:
-    if (os.environ.get(TEST_KILL_IN_SAVE_ENV) == str(step)
-            and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-            and env.rank == env.world_size - 1):
-        log.warning("test hook %s: rank %d dies while saving step %d", TEST_KILL_IN_SAVE_ENV,
-                    env.rank, step)
-        os.kill(os.getpid(), signal.SIGKILL)

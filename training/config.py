@@ -13,6 +13,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import re
 import string
 import textwrap
 import typing
@@ -157,6 +158,7 @@ class DataConfig(_Section):
         fields = self.data_format == "fields"
         return _failing(
             (bool(self.dataset.strip()), "dataset", "must name a dataset or a file"),
+            (not REMOTE_URL.match(self.dataset), "dataset", REMOTE_DATA_RECIPE),
             (self.seq_len >= 8, "seq_len", f"must be at least 8, got {self.seq_len}"),
             (0 <= self.val_fraction < 0.5, "val_fraction",
              f"must be in [0, 0.5) (0 turns evaluation off), got {self.val_fraction}"),
@@ -186,6 +188,19 @@ class DataConfig(_Section):
              f"must name the prompt field as {{{self.prompt_field}}}; it names "
              f"{', '.join('{' + n + '}' for n in names if n) or 'no field'}"),
         ]
+
+
+REMOTE_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+"""An object-store or web URL (s3://, gs://, https://, ...)."""
+REMOTE_DATA_RECIPE = (
+    "is a URL, and the job reads a local path or a Hugging Face dataset name only (each of its "
+    "processes would download the objects, with credentials it does not have). Copy the data "
+    "to the shared volume (from a pod that mounts it: aws s3 cp s3://bucket/train.jsonl "
+    "/fsx/data/train.jsonl) and give that path, or link the bucket to the FSx file system with "
+    "a data repository association (aws fsx create-data-repository-association "
+    "--file-system-id fs-... --file-system-path /data --data-repository-path s3://bucket/prefix/"
+    ") and give /fsx/data/<file>")
+"""Why data on S3 (or any URL) is refused, and the recipes that work."""
 
 
 def template_fields(template: str) -> list[str]:

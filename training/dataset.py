@@ -121,8 +121,8 @@ def _read_local(path: Path) -> Table:
             return Table(name, pq.read_table(path).to_pylist())
         except (pa.ArrowException, OSError) as e:
             raise UserError(f"{name}: not a readable parquet file: {e}") from None
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # utf-8-sig: with or without the byte-order mark editors and spreadsheet exports write
+        text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         raise UserError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if path.suffix == ".json" and text.lstrip().startswith("["):
@@ -265,7 +265,16 @@ def _field(record: dict, name: str, where: str, fmt: str, *, optional: bool = Fa
     return value
 
 
-def _messages(record: dict, where: str) -> list[dict]:
+class Conversation(list):
+    """A chat record's validated messages, and where the record came from (for the chat
+    template's errors, which come later, with the tokenizer)."""
+
+    def __init__(self, messages: list[dict], where: str):
+        super().__init__(messages)
+        self.where = where
+
+
+def _messages(record: dict, where: str) -> Conversation:
     messages = record.get("messages")
     if not isinstance(messages, list) or not messages:
         state = "is missing" if "messages" not in record else "must be a non-empty list"
@@ -280,7 +289,7 @@ def _messages(record: dict, where: str) -> list[dict]:
     if not any(m["role"] == "assistant" for m in messages):
         raise UserError(f"{where}: no message has role 'assistant', so nothing would be "
                         "trained; chat records need at least one assistant turn")
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+    return Conversation([{"role": m["role"], "content": m["content"]} for m in messages], where)
 
 
 def render(record: dict, fmt: str, cfg: DataConfig, where: str) -> Segments | list[dict]:
@@ -317,7 +326,65 @@ def render_table(table: Table, indices: list[int], fmt: str, cfg: DataConfig) ->
     return [render(table.records[i], fmt, cfg, table.where(i)) for i in indices]
 
 
+STANDARD_ROLES = ("system", "user", "assistant", "tool")
+"""The roles chat datasets use (OpenAI's and transformers' message format), offered to the user
+when the template refuses one."""
+_PROBE = "fsdp-eks-role-probe"
+
+
+def _renders(tokenizer, role: str) -> bool:
+    """Whether the chat template renders a turn of ``role``: some conversation around it
+    renders without an error and shows its text. (Llama 2's template raises on a `tool` turn
+    where a user turn is due, and silently drops it where an assistant turn is due.)"""
+    import jinja2
+
+    turn = {"role": role, "content": _PROBE}
+    for conversation in ([turn], [turn, {"role": "user", "content": "u"}],
+                         [{"role": "user", "content": "u"}, turn],
+                         [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
+                          turn]):
+        try:
+            if _PROBE in tokenizer.apply_chat_template(conversation, tokenize=False):
+                return True
+        except jinja2.TemplateError:
+            continue
+    return False
+
+
+def check_roles(conversations: list[list[dict]], tokenizer) -> None:
+    """Every role of the data must be one the chat template renders; the first record with one
+    that it does not is named, with the role and the roles it renders."""
+    roles = {m["role"] for messages in conversations for m in messages}
+    refused = {role for role in roles if not _renders(tokenizer, role)}
+    if not refused:
+        return
+    rendered = [r for r in dict.fromkeys([*STANDARD_ROLES, *sorted(roles)]) if r not in refused
+                and _renders(tokenizer, r)]
+    for messages in conversations:
+        for j, m in enumerate(messages):
+            if m["role"] in refused:
+                known = ", ".join(rendered) or "none of " + ", ".join(STANDARD_ROLES)
+                raise UserError(
+                    f"{getattr(messages, 'where', 'a chat record')}: messages[{j}] has role "
+                    f"'{m['role']}', which the model's chat template does not render (it raises "
+                    f"an error or drops the turn); it renders {known}. Map that role to one of "
+                    "those, or drop those turns")
+
+
 def chat_segments(messages: list[dict], tokenizer) -> Segments:
+    """`template_segments` of a conversation; an error of the chat template (e.g. roles that
+    do not alternate as it requires) names the record."""
+    import jinja2
+
+    try:
+        return template_segments(messages, tokenizer)
+    except jinja2.TemplateError as e:
+        raise UserError(f"{getattr(messages, 'where', 'a chat record')}: the model's chat "
+                        f"template refuses this conversation (roles "
+                        f"{', '.join(m['role'] for m in messages)}): {e}") from None
+
+
+def template_segments(messages: list[dict], tokenizer) -> Segments:
     """The chat template's text of a conversation, cut into segments: each assistant turn's
     text (after the generation prompt, up to and including its end-of-turn marker) trained,
     the rest not.
@@ -363,6 +430,7 @@ def tokenize(examples: list, tokenizer, mask_prompt: bool, chat: bool) -> list[t
             raise UserError("--data-format chat: the model's tokenizer has no chat template; use "
                             "a chat/instruct model (e.g. meta-llama/Llama-2-7b-chat-hf) or "
                             "another format")
+        check_roles(examples, tokenizer)
         examples = [chat_segments(m, tokenizer) for m in examples]
     texts = [t for segments in examples for t, _ in segments]
     ids = iter(tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else iter(())

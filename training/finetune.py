@@ -2,18 +2,19 @@
 
 Setup is a list of `build_*` steps (the public ones serve `training.bench` too); `train_step` is
 the whole optimization step; `run` is the job as a list of steps: build, resume, the loop
-(`_train`: step, log, evaluate, checkpoint), export, summary. Test hooks are environment
-variables named FSDP_EKS_TEST_* (see `checkpoint.TEST_KILL_IN_SAVE_ENV` and `TEST_STEP_DELAY_ENV`).
+(`_train`: step; evaluate and checkpoint when the evaluator and the checkpointer say they are
+due; report through the one metrics logger), export, summary. The tests' fault hooks come in
+through `run`'s ``faults`` argument only (training/faults.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import atexit
 import json
 import logging
-import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -26,56 +27,48 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from training import hub
+from training import faults, hub
 from training.attention import use_document_mask
-from training.checkpoint import EVAL_LOSS_KEY, Checkpointer, TrainerState
-from training.config import JobConfig, OptimConfig, flag, parse_args
+from training.checkpoint import EVAL_LOSS_KEY, RUN_RECORD, Checkpointer, TrainerState
+from training.config import JobConfig, flag, parse_args
 from training.dataset import (
     IGNORE_INDEX,
     PackedData,
     Records,
     StepSampler,
-    eval_rows,
     pack_records,
     prepare,
 )
 from training.dist import DistEnv, all_sum, check_locked_memory, init_distributed
 from training.errors import OOM_ADVICE, UserError
+from training.evaluation import Evaluator
 from training.export import export_hf
+from training.faults import Faults
 from training.logs import setup_logging
 from training.loss import install_loss_forward
 from training.metrics import (
-    JsonLines,
     device_name,
     dtype_name,
-    eval_metrics,
-    eval_summary,
     model_flops,
     peak_flops,
     step_metrics,
-    summarize,
 )
 from training.model import allocate, build_meta_model, load_weights, set_sdpa_backend
 from training.node_check import check_job, node_name
-from training.optim import build_optimizer, clip_and_step
+from training.optim import build_optimizer, build_scheduler, set_horizon
+from training.owner import DirectoryOwner
 from training.parallel import (
     DTYPES,
+    Parallelism,
     build_mesh,
     check_precision,
     compute_dtype,
     parallelize,
-    set_requires_gradient_sync,
-    strategy,
 )
-from training.prometheus import NoMetrics, TrainingMetrics
+from training.reporting import MetricsLogger
+from training.run_record import compare, data_fingerprint, run_record
 
 log = logging.getLogger("training")
-
-TEST_STEP_DELAY_ENV = "FSDP_EKS_TEST_STEP_DELAY_S"
-"""Test hook: sleep this many seconds after every step, so a test can act mid-run."""
-TEST_EXIT_AFTER_STEP_ENV = "FSDP_EKS_TEST_EXIT_AFTER_STEP"
-"""Test hook: stop cleanly (status 0) right after this step and its checkpoint, like a job
-that was stopped; no final checkpoint or export."""
 
 
 # ----------------------------------------------------------------------------- setup steps
@@ -85,10 +78,24 @@ def _file_in_the_way(paths: Sequence[Path]) -> Path | None:
     return next((p for p in paths if p.exists() and not p.is_dir()), None)
 
 
+def _unwritable(directory: Path) -> str | None:
+    """Why this process cannot create a file in ``directory`` (or, where it does not exist
+    yet, in its nearest existing parent, where it will be created), or None: a real probe file
+    created and removed, since permission bits, read-only mounts and quotas all show only then."""
+    base = next(p for p in (directory, *directory.parents) if p.exists())
+    try:
+        with tempfile.NamedTemporaryFile(dir=base, prefix=".write-probe-"):
+            pass
+    except OSError as e:
+        return f"this process (uid {os.geteuid()}) cannot create files in {base} ({e.strerror})"
+    return None
+
+
 def _check_paths(cfg: JobConfig) -> None:
     """Refuse output paths that cannot be used, before any data is read or model built: an
     existing file (or a file among the parents) where a directory must go, a directory where
-    the metrics file must go, and --keep-best without checkpoints to choose from."""
+    the metrics file must go, a directory this process cannot write in, and --keep-best without
+    checkpoints to choose from."""
     c = cfg.checkpoint
     for name, value in (("checkpoint_dir", c.checkpoint_dir), ("output_dir", c.output_dir)):
         if value is None:
@@ -99,6 +106,12 @@ def _check_paths(cfg: JobConfig) -> None:
             what = "" if blocking == path else f": {blocking} is a file"
             raise UserError(f"{flag(name)} {value}: exists and is not a directory{what}; give "
                             "a directory path (it is created if missing)")
+        # Every rank writes its checkpoint shards into the directory; the export is written
+        # beside --output-dir and renamed into place.
+        why = _unwritable(path if name == "checkpoint_dir" else path.parent)
+        if why is not None:
+            raise UserError(f"{flag(name)} {value}: {why}; give a directory the job's user can "
+                            "write (e.g. on the shared /fsx volume) or make this one writable")
     metrics = cfg.metrics.metrics_file
     if metrics is not None and Path(metrics).expanduser().is_dir():
         raise UserError(f"--metrics-file {metrics}: is a directory; give a file path")
@@ -106,9 +119,32 @@ def _check_paths(cfg: JobConfig) -> None:
     if blocking is not None:
         raise UserError(f"--metrics-file {metrics}: {blocking} is a file, not a directory; give "
                         "a file path whose directories can be created")
+    why = None if metrics is None else _unwritable(Path(metrics).expanduser().parent)
+    if why is not None:
+        raise UserError(f"--metrics-file {metrics}: {why}; give a file path the job's user can "
+                        "write")
     if c.keep_best and c.checkpoint_dir is None:
         raise UserError("--keep-best: needs --checkpoint-dir (the best checkpoint is kept there "
                         "and exported at the end)")
+
+
+def _own_checkpoint_dir(cfg: JobConfig, env: DistEnv) -> None:
+    """Take the --checkpoint-dir for this run (training/owner.py), on rank 0, before anything
+    is read; every rank raises the same refusal. Released when the process exits, after a
+    finished or a failed run (a killed run's claim lapses by the module's rules)."""
+    if cfg.checkpoint.checkpoint_dir is None:
+        return
+    refusal: list = [None]
+    if env.is_main:
+        owner = DirectoryOwner(Path(cfg.checkpoint.checkpoint_dir).expanduser())
+        try:
+            owner.take()
+            atexit.register(owner.release)
+        except UserError as e:
+            refusal[0] = str(e)
+    dist.broadcast_object_list(refusal, src=0)
+    if refusal[0] is not None:
+        raise UserError(refusal[0])
 
 
 def _build_records(cfg: JobConfig, env: DistEnv) -> Records:
@@ -154,58 +190,52 @@ def _build_data(cfg: JobConfig, records: Records, tokenizer,
 
 
 def parallelize_model(cfg: JobConfig, model: nn.Module, env: DistEnv,
-                      fsdp_at_world_1: bool = False) -> tuple[DeviceMesh, dict]:
+                      fsdp_at_world_1: bool = False) -> tuple[DeviceMesh, Parallelism]:
     """A meta-device model -> attention backend, loss forward, AC, compile, fully_shard (local
     mixed precision at world size 1) -> storage for this rank's shards (uninitialised)."""
     set_sdpa_backend(cfg.model.sdpa_backend, env.device)
     install_loss_forward(model, fused=cfg.model.loss == "fused",
                          document_mask=use_document_mask(cfg.model.packed_attention, env.device))
     mesh = build_mesh(cfg.parallel, env)
-    wrapped = parallelize(model, cfg.parallel, mesh,
-                          compute_dtype(cfg.model.precision, env.device),
-                          fp8=cfg.model.precision == "fp8",
-                          fsdp_at_world_1=fsdp_at_world_1)
+    parallel = parallelize(model, cfg.parallel, mesh,
+                           compute_dtype(cfg.model.precision, env.device),
+                           fp8=cfg.model.precision == "fp8",
+                           fsdp_at_world_1=fsdp_at_world_1)
     allocate(model, env.device)
-    return mesh, wrapped
+    return mesh, parallel
 
 
-def build_model(cfg: JobConfig, model_dir: Path, env: DistEnv) -> nn.Module:
+def _warn_beyond_context(seq_len: int, config) -> None:
+    """A --seq-len beyond the positions the model was trained at (config.json's
+    max_position_embeddings) without RoPE scaling in its config: it trains, but the positions
+    beyond are untrained (preview says the same from training/shapes.py's table)."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    trained = getattr(config, "max_position_embeddings", None)
+    if trained and seq_len > trained and rope.get("rope_type", "default") == "default":
+        log.warning("--seq-len %d: the model was trained at %d positions and its config.json "
+                    "sets no RoPE scaling, so positions beyond %d are untrained and quality "
+                    "drops; this package has no RoPE-scaling option: use --seq-len %d or less, "
+                    "or a model whose config.json sets rope_scaling", seq_len, trained, trained,
+                    trained)
+
+
+def build_model(cfg: JobConfig, model_dir: Path, env: DistEnv) -> tuple[nn.Module, Parallelism]:
     """The model of `model_dir`, ready to train: meta-device model -> `parallelize_model` ->
-    load weights."""
+    load weights; and what `parallelize` did to it."""
     model = build_meta_model(model_dir)
-    mesh, wrapped = parallelize_model(cfg, model, env)
+    _warn_beyond_context(cfg.data.seq_len, model.config)
+    mesh, parallel = parallelize_model(cfg, model, env)
     started = time.perf_counter()
     read = all_sum(load_weights(model, model_dir), env.device)
     log.info("model: %s, mesh %s, wrapped %s; loaded %.1f MB of weights across ranks in %.1f s",
-             type(model).__name__, dict(zip(mesh.mesh_dim_names, mesh.shape)), wrapped,
+             type(model).__name__, dict(zip(mesh.mesh_dim_names, mesh.shape)), parallel.wrapped,
              read / 2**20, time.perf_counter() - started)
     model.train()
-    return model
-
-
-class WarmupCosine:
-    """LR factor: linear warm-up to 1 over `warmup` steps, cosine down to `min_ratio` at the
-    last step. A callable object, so LambdaLR's state_dict carries its fields."""
-
-    def __init__(self, warmup: int, total: int, min_ratio: float):
-        self.warmup, self.total, self.min_ratio = warmup, total, min_ratio
-
-    def __call__(self, done: int) -> float:
-        if done < self.warmup:
-            return (done + 1) / self.warmup
-        progress = min(1.0, (done - self.warmup) / max(1, self.total - self.warmup - 1))
-        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig,
-                    total: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """The learning-rate schedule: `WarmupCosine` ending at step `total`."""
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, WarmupCosine(cfg.warmup_steps, total, cfg.min_lr_ratio))
+    return model, parallel
 
 
 # ----------------------------------------------------------------------------- the step
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
+def train_step(model: nn.Module, parallel: Parallelism, optimizer: torch.optim.Optimizer,
                scheduler: torch.optim.lr_scheduler.LRScheduler,
                micro_batches: list[tuple[torch.Tensor, ...]], max_grad_norm: float,
                env: DistEnv) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,7 +254,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     scale = None
     loss_sum = torch.zeros((), device=env.device)
     for i, batch in enumerate(micro_batches):  # (inputs, labels, position ids)
-        set_requires_gradient_sync(model, i == len(micro_batches) - 1)
+        parallel.set_requires_gradient_sync(model, i == len(micro_batches) - 1)
         loss = model(*batch)  # summed token loss (training/loss.py)
         if scale is None:
             counted.wait()  # the compute stream waits; the host does not
@@ -232,48 +262,46 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
             scale = (env.world_size / targets).float()
         (loss * scale).backward()
         loss_sum += loss.detach()
-    grad_norm = clip_and_step(model, optimizer, max_grad_norm)
+    grad_norm = optimizer.clip_and_step(max_grad_norm)  # LocalAdamW or ClippedAdamW
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     dist.all_reduce(loss_sum)
     return (loss_sum / targets).float(), grad_norm
 
 
-def evaluate(model: nn.Module, val: PackedData, batch_size: int, env: DistEnv) -> tuple[float,
-                                                                                      int]:
-    """(mean token loss, target tokens) over the whole validation set: every rank takes every
-    world-th row, sums its token losses and counts, and one all-reduce adds them up, so the
-    result does not depend on the world size. Eval mode (no dropout), no gradients."""
-    model.eval()
-    sums = torch.zeros(2, dtype=torch.float64, device=env.device)
-    with torch.no_grad():
-        for rows in eval_rows(len(val), env.world_size, env.rank, batch_size):
-            index = torch.tensor(rows).clamp(min=0)
-            labels = val.targets[index].masked_fill(torch.tensor(rows)[:, None] < 0, IGNORE_INDEX)
-            batch = (val.inputs[index], labels, *val.batch(index)[2:])
-            sums[0] += model(*(t.to(env.device) for t in batch)).double()
-            sums[1] += (labels != IGNORE_INDEX).sum().item()
-    dist.all_reduce(sums)
-    model.train()
-    return float(sums[0] / sums[1].clamp(min=1)), int(sums[1])
-
-
 # ----------------------------------------------------------------------------- resume
-def _build_checkpointer(cfg: JobConfig, env: DistEnv) -> Checkpointer | None:
+def _build_checkpointer(cfg: JobConfig, env: DistEnv, data: PackedData,
+                        faults: Faults | None) -> Checkpointer | None:
     c = cfg.checkpoint
     if not c.checkpoint_dir:
         log.warning("no --checkpoint-dir: a failure loses all progress of this run")
         return None
+    record = run_record(cfg, env.world_size, data_fingerprint(data.inputs, data.targets))
     return Checkpointer(c.checkpoint_dir, c.keep_checkpoints, env, async_save=c.async_checkpoint,
-                        timeout_s=cfg.parallel.collective_timeout_s, keep_best=c.keep_best)
+                        timeout_s=cfg.parallel.collective_timeout_s, keep_best=c.keep_best,
+                        every=c.checkpoint_every, run_record=record,
+                        on_files_written=faults.files_written if faults else None)
 
 
 def _resume(ckpt: Checkpointer | None, model: nn.Module, optimizer: torch.optim.Optimizer,
             state: TrainerState) -> None:
-    """Load the latest complete checkpoint, if there is one."""
+    """Load the latest complete checkpoint, if there is one, and check what this run changes
+    against the run that wrote it (training/run_record.py)."""
     latest = ckpt.resume(model, optimizer, state) if ckpt else None
-    if latest is not None:
-        log.info("resumed from %s (step %d, epoch %d)", latest, state.step, state.epoch)
+    if latest is None:
+        return
+    log.info("resumed from %s (step %d, epoch %d)", latest, state.step, state.epoch)
+    old = ckpt.run_record_of(latest)
+    if old is None:
+        log.warning("checkpoint %s has no %s (an older version wrote it): what this run "
+                    "changes against it is not checked", latest, RUN_RECORD)
+        return
+    refused, warnings = compare(old, ckpt.run_record, state.step)
+    if refused:
+        raise UserError(f"--checkpoint-dir {ckpt.root}: cannot resume {latest.name}: "
+                        + "; ".join(refused))
+    for warning in warnings:
+        log.warning("resuming %s: %s", latest.name, warning)
 
 
 def _set_horizon(cfg: JobConfig, sampler: StepSampler, state: TrainerState,
@@ -283,10 +311,7 @@ def _set_horizon(cfg: JobConfig, sampler: StepSampler, state: TrainerState,
     total = state.step + sampler.remaining_steps(state.epoch, state.offset, cfg.train.epochs)
     if cfg.train.max_steps is not None:
         total = min(total, cfg.train.max_steps)
-    schedule = scheduler.lr_lambdas[0]
-    schedule.total = total
-    for group, base_lr in zip(scheduler.optimizer.param_groups, scheduler.base_lrs):
-        group["lr"] = base_lr * schedule(scheduler.last_epoch)
+    set_horizon(scheduler, total)
     return total
 
 
@@ -296,47 +321,16 @@ class _Run:
     """What the loop works on (keeps `run` readable)."""
 
     model: nn.Module
+    parallel: Parallelism
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     ckpt: Checkpointer | None
+    evaluator: Evaluator
     data: PackedData
-    val: PackedData | None
     sampler: StepSampler
     state: TrainerState
     total: int
     """The last step."""
-    evals: list[dict] = dataclasses.field(default_factory=list)
-    """This process's evaluation records, in order."""
-
-
-class _Outputs:
-    """Where the metrics go: the JSON-lines file (rank 0), Prometheus (one process per node),
-    the progress bar and the log (rank 0). Closed by `stack`."""
-
-    def __init__(self, cfg: JobConfig, env: DistEnv, stack: ExitStack, first: int, total: int):
-        from tqdm import tqdm
-
-        self.jsonl = JsonLines(cfg.metrics.metrics_file if env.is_main else None)
-        stack.callback(self.jsonl.close)
-        self.prom = (TrainingMetrics(cfg.metrics.metrics_port)
-                     if cfg.metrics.metrics_port and env.is_local_main else NoMetrics())
-        stack.callback(self.prom.close)
-        self.bar = tqdm(total=total, initial=first, unit="step", dynamic_ncols=True,
-                        file=sys.stderr, disable=not (env.is_main and sys.stderr.isatty()))
-        stack.callback(self.bar.close)
-        self.total, self.log_every = total, cfg.train.log_every
-
-    def step(self, m: dict) -> None:
-        self.jsonl.write(m)
-        self.prom.observe_step(m)
-        self.bar.update(1)
-        self.bar.set_postfix(loss=f"{m['train/loss']:.4f}", tok_s=f"{m['perf/tokens_per_s']:,.0f}")
-        if m["train/step"] % self.log_every == 0 or m["train/step"] == self.total:
-            log.info(_format(m, self.total))
-
-    def eval(self, e: dict) -> None:
-        self.jsonl.write(e)
-        self.prom.observe_eval(e)
 
 
 def _micro_batches(run: _Run, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
@@ -353,7 +347,7 @@ def _step(cfg: JobConfig, run: _Run, step: int, flops_token: float, peak: float 
     started = time.perf_counter()
     lr = run.optimizer.param_groups[0]["lr"]
     loss, grad_norm = (float(t) for t in train_step(
-        run.model, run.optimizer, run.scheduler, _micro_batches(run, env.device),
+        run.model, run.parallel, run.optimizer, run.scheduler, _micro_batches(run, env.device),
         cfg.optim.max_grad_norm, env))
     elapsed = time.perf_counter() - started
     tokens = run.sampler.global_batch * cfg.data.seq_len
@@ -363,66 +357,31 @@ def _step(cfg: JobConfig, run: _Run, step: int, flops_token: float, peak: float 
                         flops_token=flops_token, peak=peak, device=env.device)
 
 
-def _eval_due(cfg: JobConfig, run: _Run, step: int) -> bool:
-    """After the last step, and every --eval-every steps (0: at the end of every epoch)."""
-    every = cfg.train.eval_every
-    return run.val is not None and (step == run.total or (
-        step % every == 0 if every else run.sampler.epoch_done(run.state.offset)))
-
-
-def _evaluate(cfg: JobConfig, run: _Run, env: DistEnv) -> dict:
-    started = time.perf_counter()
-    loss, tokens = evaluate(run.model, run.val, cfg.train.batch_size, env)
-    m = eval_metrics(step=run.state.step, epoch=run.state.epoch, loss=loss, tokens=tokens,
-                     eval_time_s=time.perf_counter() - started)
-    run.evals.append(m)
-    log.info("eval at step %d | loss %.4f | perplexity %.3f | %d tokens | %.1f s",
-             run.state.step, loss, m["eval/perplexity"], tokens, m["eval/time_s"])
-    return m
-
-
-def _checkpoint_due(cfg: JobConfig, run: _Run, step: int, evaluated: bool) -> bool:
-    """Every --checkpoint-every steps, after the last step, and with --keep-best after every
-    evaluation."""
-    every = cfg.checkpoint.checkpoint_every
-    return run.ckpt is not None and ((every and step % every == 0) or step == run.total
-                                     or (evaluated and cfg.checkpoint.keep_best))
-
-
-def _save(cfg: JobConfig, run: _Run, step: int, evaluated: bool) -> None:
-    run.ckpt.save(step, run.model, run.optimizer, run.state, {
-        "config": cfg.to_dict(),
-        **({EVAL_LOSS_KEY: run.evals[-1]["eval/loss"]} if evaluated else {})})
-
-
-def _train(cfg: JobConfig, run: _Run, out: _Outputs, flops_token: float,
-           env: DistEnv) -> list[dict] | None:
-    """The loop: step, log, evaluate, checkpoint. Returns the steps' metrics, or None where
-    the test hook TEST_EXIT_AFTER_STEP_ENV stopped the run."""
+def _train(cfg: JobConfig, run: _Run, out: MetricsLogger, flops_token: float, env: DistEnv,
+           faults: Faults | None) -> list[dict] | None:
+    """The loop: step, evaluate and checkpoint when they are due, report. Returns the steps'
+    metrics, or None where a test's fault hook stopped the run."""
     peak = peak_flops(env.device)
-    delay = float(os.environ.get(TEST_STEP_DELAY_ENV, "0"))
-    exit_after = int(os.environ.get(TEST_EXIT_AFTER_STEP_ENV, "0"))
     history: list[dict] = []
     for step in range(run.state.step + 1, run.total + 1):
         history.append(_step(cfg, run, step, flops_token, peak, env))
         out.step(history[-1])
-        evaluated = _eval_due(cfg, run, step)
+        evaluated = run.evaluator.due(step, run.total, run.state.offset)
         if evaluated:
-            out.eval(_evaluate(cfg, run, env))
-        if _checkpoint_due(cfg, run, step, evaluated):
-            _save(cfg, run, step, evaluated)
-            out.prom.observe_checkpoint()
-        if delay:
-            time.sleep(delay)
-        if step == exit_after:
+            out.eval(run.evaluator(run.model, step, run.state.epoch))
+        if run.ckpt and run.ckpt.due(step, run.total, evaluated):
+            run.ckpt.save(step, run.model, run.optimizer, run.state,
+                          {EVAL_LOSS_KEY: run.evaluator.records[-1]["eval/loss"]}
+                          if evaluated else {})
+            out.checkpoint()
+        if faults and faults.stop_after(step):
             if run.ckpt:
                 run.ckpt.close()
-            log.warning("test hook %s: stopping after step %d", TEST_EXIT_AFTER_STEP_ENV, step)
             return None
     return history
 
 
-def describe(cfg: JobConfig, env: DistEnv, model: nn.Module) -> dict:
+def describe(cfg: JobConfig, env: DistEnv, model: nn.Module, parallel: Parallelism) -> dict:
     """What docs/design.md#measuring-speed asks to report beside every speed number (`run/*` keys)."""
     total, embedding, flops_token = model_flops(model, cfg.data.seq_len)
     mcfg = model.config
@@ -437,7 +396,7 @@ def describe(cfg: JobConfig, env: DistEnv, model: nn.Module) -> dict:
         "run/tokens_per_global_batch": global_seqs * cfg.data.seq_len,
         "run/param_dtype": dtype_name(compute_dtype(cfg.model.precision, env.device)),
         "run/reduce_dtype": "float32", "run/optimizer_state_dtype": "float32",
-        "run/sharding": strategy(model, cfg.parallel.sharding),
+        "run/sharding": parallel.strategy(cfg.parallel.sharding),
         "run/activation_checkpointing": cfg.parallel.activation_checkpointing,
         "run/compile": cfg.parallel.compile, "run/sdpa_backend": cfg.model.sdpa_backend,
         "run/packed_attention": ("flex" if use_document_mask(cfg.model.packed_attention,
@@ -448,41 +407,43 @@ def describe(cfg: JobConfig, env: DistEnv, model: nn.Module) -> dict:
     }
 
 
-def run(cfg: JobConfig, env: DistEnv) -> dict:
-    """The whole job; returns the summary dict (rank 0's is complete)."""
+def run(cfg: JobConfig, env: DistEnv, faults: Faults | None = None) -> dict:
+    """The whole job; returns the summary dict (rank 0's is complete). ``faults``: the tests'
+    fault hooks (training/faults.py), None in production."""
     from transformers import AutoTokenizer
 
     _check_paths(cfg)
+    _own_checkpoint_dir(cfg, env)  # before the node check writes its probe into it
     node_check = check_job(cfg, env)  # the nodes and the fabric, before any download
     check_precision(cfg.model.precision, env.device)
     records = _build_records(cfg, env)
     model_dir = hub.fetch_model(cfg.model.model, cfg.model.cache_dir, cfg.train.seed, env)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     data, val, sampler = _build_data(cfg, records, tokenizer, env)
-    model = build_model(cfg, model_dir, env)
-    optimizer = build_optimizer(model, cfg.optim, env.device, compiled=cfg.parallel.compile)
+    model, parallel = build_model(cfg, model_dir, env)
+    optimizer = build_optimizer(model, cfg.optim, env.device, compiled=cfg.parallel.compile,
+                                local=parallel.local)
     scheduler = build_scheduler(optimizer, cfg.optim, total=1)  # the horizon is set after resume
     state = TrainerState(scheduler)
     torch.manual_seed(cfg.train.seed)  # identical RNG on every rank from here on
-    ckpt = _build_checkpointer(cfg, env)
+    ckpt = _build_checkpointer(cfg, env, data, faults)
     _resume(ckpt, model, optimizer, state)
     total = _set_horizon(cfg, sampler, state, scheduler)
-    run_ = _Run(model, optimizer, scheduler, ckpt, data, val, sampler, state, total)
-    description = describe(cfg, env, model)
+    evaluator = Evaluator(val, cfg.train.batch_size, cfg.train.eval_every, sampler, env)
+    run_ = _Run(model, parallel, optimizer, scheduler, ckpt, evaluator, data, sampler, state,
+                total)
+    description = describe(cfg, env, model, parallel)
     log.info("plan: steps %d..%d, %s", state.step + 1, run_.total, json.dumps(description))
     with ExitStack() as stack:
-        out = _Outputs(cfg, env, stack, state.step, run_.total)
-        out.prom.observe_node_check(node_check, node_name())
-        history = _train(cfg, run_, out, description["run/flops_per_token"], env)
-        if history is None:  # stopped by the test hook
+        out = MetricsLogger(cfg, env, stack, state.step, run_.total)
+        out.node_check(node_check, node_name())
+        history = _train(cfg, run_, out, description["run/flops_per_token"], env, faults)
+        if history is None:  # stopped by a test's fault hook
             return {}
         if ckpt:
             ckpt.close()  # the last checkpoint is complete before the export and the exit
         best = _export(cfg, model, tokenizer, ckpt, state.step, env)
-        summary = _summary(history, run_.evals, best, description)
-        out.jsonl.write(summary)
-        _log_summary(summary)
-    return summary
+        return out.summary(history, evaluator.records, best, description)
 
 
 def _export(cfg: JobConfig, model: nn.Module, tokenizer, ckpt: Checkpointer | None, step: int,
@@ -508,39 +469,6 @@ def _export(cfg: JobConfig, model: nn.Module, tokenizer, ckpt: Checkpointer | No
     export_hf(model, tokenizer, cfg.checkpoint.output_dir, DTYPES[cfg.checkpoint.export_dtype],
               env)
     return {**keys, "summary/exported_step": step}
-
-
-def _summary(history: list[dict], evals: list[dict], best: dict, description: dict) -> dict:
-    """The run's summary: steady-state speed (the first steps, up to 10, skipped), the last and
-    best evaluation, the export, and the run's description."""
-    skip = min(10, max(1, len(history) // 5)) if len(history) > 1 else 0
-    return {**summarize(history, skip), **eval_summary(evals), **best, **description}
-
-
-def _log_summary(summary: dict) -> None:
-    if "summary/steps" in summary:  # the run made a step
-        mfu = summary["summary/mfu_pct"]
-        log.info("done: %d steps, final loss %.4f, %s tokens/s (%s per GPU), MFU %s",
-                 summary["summary/steps"], summary["summary/final_loss"],
-                 f"{summary['summary/tokens_per_s']:,.0f}",
-                 f"{summary['summary/tokens_per_s_per_gpu']:,.0f}",
-                 "n/a (no GPU peak)" if mfu is None else f"{mfu:.1f} %")
-    if "summary/eval_loss" in summary:
-        log.info("validation: final loss %.4f (perplexity %.3f), best %.4f at step %d%s",
-                 summary["summary/eval_loss"], summary["summary/eval_perplexity"],
-                 summary["summary/best_eval_loss"], summary["summary/best_eval_step"],
-                 f"; exported step {summary['summary/exported_step']}"
-                 if "summary/exported_step" in summary else "")
-    log.info("summary: %s", json.dumps(summary))
-
-
-def _format(m: dict, total: int) -> str:
-    mfu = "n/a" if m["perf/mfu_pct"] is None else f"{m['perf/mfu_pct']:.1f}%"
-    mem = m.get("memory/max_allocated_gib", m.get("memory/max_rss_gib"))
-    return (f"step {m['train/step']}/{total} | loss {m['train/loss']:.4f} | lr {m['train/lr']:.2e}"
-            f" | grad_norm {m['train/grad_norm']:.3f} | {m['perf/tokens_per_s']:,.0f} tok/s"
-            f" | {m['perf/tokens_per_s_per_gpu']:,.0f} tok/s/gpu | mfu {mfu}"
-            f" | {m['perf/step_time_s']:.3f} s/step | mem {mem:.2f} GiB")
 
 
 ALLOCATOR_DEFAULTS = "expandable_segments:True"
@@ -579,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     env = init_distributed(cfg.parallel.collective_timeout_s)
     setup_logging(env)
     try:
-        run(cfg, env)
+        run(cfg, env, faults.from_environment(env))
         return 0
     except UserError as e:
         if env.is_main:

@@ -1,5 +1,5 @@
 """The optimizer step: AdamW with gradient-norm clipping, and at world size 1 a fused variant
-that also writes the next step's compute-dtype weights.
+that also writes the next step's compute-dtype weights; and its learning-rate schedule.
 
 With FSDP the step is PyTorch's fused AdamW after `clip_grad_norm_`. At world size 1 with
 `parallel.LocalMixedPrecision` that sequence costs five passes over memory per parameter and step:
@@ -23,7 +23,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from training.config import OptimConfig
-from training.parallel import LocalMixedPrecision, float8_post_step, local_mixed_precision
+from training.parallel import LocalMixedPrecision, float8_post_step
 
 BETAS, EPS = (0.9, 0.95), 1e-8
 
@@ -36,33 +36,38 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device,
-                    compiled: bool = True) -> torch.optim.Optimizer:
-    """`LocalAdamW` for a model under local mixed precision (its update compiled on CUDA unless
-    `compiled` is off, as --no-compile asks), else AdamW (fused on CUDA); float8 all-gathers'
-    scales are computed after each step."""
+                    compiled: bool = True,
+                    local: LocalMixedPrecision | None = None) -> torch.optim.Optimizer:
+    """`LocalAdamW` for a model under the local mixed precision ``local`` (`Parallelism.local`;
+    its update compiled on CUDA unless `compiled` is off, as --no-compile asks), else
+    `ClippedAdamW` (fused on CUDA); float8 all-gathers' scales are computed after each step.
+    Both take the step as ``clip_and_step(max_grad_norm)``."""
     groups = param_groups(model, cfg.weight_decay)
-    local = local_mixed_precision(model)
     if local is not None:
         return LocalAdamW(groups, local, lr=cfg.learning_rate, compiled=compiled)
-    optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=BETAS, eps=EPS,
-                                  fused=device.type == "cuda")
+    optimizer = ClippedAdamW(groups, model, lr=cfg.learning_rate, fused=device.type == "cuda")
     post_step = float8_post_step(model)
     if post_step is not None:
         optimizer.register_step_post_hook(post_step)
     return optimizer
 
 
-def clip_and_step(model: nn.Module, optimizer: torch.optim.Optimizer,
-                  max_grad_norm: float) -> torch.Tensor:
-    """Scale the gradients to a global L2 norm of at most `max_grad_norm` (0: no clipping), take
-    the optimizer step, and return the norm before clipping as a 0-d device tensor."""
-    if isinstance(optimizer, LocalAdamW):
-        return optimizer.clip_and_step(max_grad_norm)
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm or math.inf)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
-    optimizer.step()
-    return norm
+class ClippedAdamW(torch.optim.AdamW):
+    """PyTorch's AdamW, stepped after `clip_grad_norm_` over the model's parameters (in the
+    model's order: the norm's summation order is the model's, as it always was)."""
+
+    def __init__(self, params, model: nn.Module, lr: float, fused: bool = False):
+        super().__init__(params, lr=lr, betas=BETAS, eps=EPS, fused=fused)
+        self.model_params = list(model.parameters())
+
+    def clip_and_step(self, max_grad_norm: float) -> torch.Tensor:
+        """Scale the gradients to a global L2 norm of at most `max_grad_norm` (0: no
+        clipping), take the step, and return the norm before clipping as a 0-d device tensor."""
+        norm = torch.nn.utils.clip_grad_norm_(self.model_params, max_grad_norm or math.inf)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        self.step()
+        return norm
 
 
 def clip_factor(norm: torch.Tensor, max_grad_norm: float) -> torch.Tensor | None:
@@ -202,3 +207,34 @@ class LocalAdamW(torch.optim.AdamW):
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)
         self.local.drop_grads()
+
+
+# ----------------------------------------------------------------------------- the schedule
+class WarmupCosine:
+    """LR factor: linear warm-up to 1 over `warmup` steps, cosine down to `min_ratio` at the
+    last step. A callable object, so LambdaLR's state_dict carries its fields."""
+
+    def __init__(self, warmup: int, total: int, min_ratio: float):
+        self.warmup, self.total, self.min_ratio = warmup, total, min_ratio
+
+    def __call__(self, done: int) -> float:
+        if done < self.warmup:
+            return (done + 1) / self.warmup
+        progress = min(1.0, (done - self.warmup) / max(1, self.total - self.warmup - 1))
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig,
+                    total: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The learning-rate schedule: `WarmupCosine` ending at step `total`."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, WarmupCosine(cfg.warmup_steps, total, cfg.min_lr_ratio))
+
+
+def set_horizon(scheduler: torch.optim.lr_scheduler.LambdaLR, total: int) -> None:
+    """End the schedule at step ``total`` (after a resume: a new --max-steps or world size
+    moves it) and set the learning rate of the next step accordingly."""
+    schedule = scheduler.lr_lambdas[0]
+    schedule.total = total
+    for group, base_lr in zip(scheduler.optimizer.param_groups, scheduler.base_lrs):
+        group["lr"] = base_lr * schedule(scheduler.last_epoch)

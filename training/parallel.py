@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from training.config import ParallelConfig
 from training.dist import DistEnv
@@ -200,7 +201,6 @@ class LocalMixedPrecision:
         self.sync = True
         model.register_forward_pre_hook(self._swap_in)
         model.register_forward_hook(self._after_forward)
-        _LOCAL[model] = self
 
     @torch.no_grad()
     def _swap_in(self, *_):
@@ -251,41 +251,43 @@ class LocalMixedPrecision:
         self.sync = sync
 
 
-_LOCAL: "weakref.WeakKeyDictionary[nn.Module, LocalMixedPrecision]" = weakref.WeakKeyDictionary()
+@dataclass(frozen=True)
+class Parallelism:
+    """What `parallelize` did to a model: the modules it wrapped, and which of the three paths
+    the step takes (fully_shard; local mixed precision at world size 1; a plain fp32 model).
+    Passed explicitly to whatever must know: the optimizer's builder, the step, the reports."""
 
+    wrapped: dict[str, int]
+    local: LocalMixedPrecision | None = None
+    """The model's local mixed precision (world size 1 in bf16 or fp8)."""
+    sharded: bool = False
+    """The model is under fully_shard."""
 
-def local_mixed_precision(model: nn.Module) -> LocalMixedPrecision | None:
-    """The model's local mixed precision, if `parallelize` gave it one."""
-    return _LOCAL.get(model)
+    def strategy(self, sharding: str) -> str:
+        """What the run's parameters are under, for reports: the --sharding strategy when FSDP
+        wraps the model, else why there is none (one process)."""
+        if self.sharded:
+            return sharding
+        if self.local is not None:
+            return "none: local mixed precision (world size 1)"
+        return "none: one process in fp32"
 
-
-def strategy(model: nn.Module, sharding: str) -> str:
-    """What the run's parameters are under, for reports: the --sharding strategy when FSDP
-    wraps the model, else why there is none (one process)."""
-    if isinstance(model, FSDPModule):
-        return sharding
-    if local_mixed_precision(model) is not None:
-        return "none: local mixed precision (world size 1)"
-    return "none: one process in fp32"
-
-
-def set_requires_gradient_sync(model: nn.Module, sync: bool) -> None:
-    """Reduce (FSDP) or hand over (local mixed precision) gradients after this backward, or keep
-    accumulating them: the same call for both paths."""
-    local = _LOCAL.get(model)
-    if local is not None:
-        local.set_requires_gradient_sync(sync)
-    elif hasattr(model, "set_requires_gradient_sync"):  # fully_shard
-        model.set_requires_gradient_sync(sync)
-    # else: one process in fp32, nothing wrapped: autograd accumulates .grad in fp32 itself
+    def set_requires_gradient_sync(self, model: nn.Module, sync: bool) -> None:
+        """Reduce (FSDP) or hand over (local mixed precision) gradients after this backward, or
+        keep accumulating them: the same call for all paths."""
+        if self.local is not None:
+            self.local.set_requires_gradient_sync(sync)
+        elif self.sharded:
+            model.set_requires_gradient_sync(sync)
+        # else: one process in fp32, nothing wrapped: autograd accumulates .grad in fp32 itself
 
 
 def parallelize(model: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh,
                 param_dtype: torch.dtype, fp8: bool = False,
-                fsdp_at_world_1: bool = False) -> dict[str, int]:
+                fsdp_at_world_1: bool = False) -> Parallelism:
     """Apply float8, AC, compile and FSDP2 (or, on a mesh of one process, local mixed
-    precision) to a meta-device model; returns modules wrapped per step.
-    `fsdp_at_world_1` keeps fully_shard on one process (benchmarks compare the two)."""
+    precision) to a meta-device model; returns what it did (modules wrapped per kind, the
+    path). `fsdp_at_world_1` keeps fully_shard on one process (benchmarks compare the two)."""
     wrapped = {}
     if fp8:
         wrapped["float8_linears"] = apply_float8(model, fsdp_all_gather=mesh.size() > 1)
@@ -296,12 +298,12 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh,
     if cfg.compile:
         wrapped["compile"] = apply_compile(layers)
     if mesh.size() == 1 and not fsdp_at_world_1:
-        if param_dtype != torch.float32:
-            LocalMixedPrecision(model, param_dtype)
-            wrapped["local_mixed_precision"] = 1
-        return wrapped
+        if param_dtype == torch.float32:
+            return Parallelism(wrapped)
+        wrapped["local_mixed_precision"] = 1
+        return Parallelism(wrapped, local=LocalMixedPrecision(model, param_dtype))
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     wrapped["fully_shard"] = apply_fsdp(model, layers, mesh,
                                         reshard_after_forward=cfg.sharding != "SHARD_GRAD_OP",
                                         mp_policy=mp_policy)
-    return wrapped
+    return Parallelism(wrapped, sharded=True)

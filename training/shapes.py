@@ -97,3 +97,15 @@ def shape_of_model(model: str) -> ModelShape | None:
     """The shape of a Hugging Face model id (any case); None if the table does not know it."""
     name = HUB_IDS.get(model.lower())
     return None if name is None else SHAPES[name]
+
+
+TRAINED_CONTEXT: dict[str, int] = {
+    hub_id: 4096 if "llama-2" in hub_id else 131072 if "3.1" in hub_id else 8192 for hub_id in HUB_IDS}
+"""Lower-cased Hugging Face model id -> the positions it was trained at (its config.json's
+``max_position_embeddings``): Llama 2 4,096; Llama 3 8,192; Llama 3.1 131,072 (with the
+``rope_scaling`` its config.json carries)."""
+
+
+def trained_context(model: str) -> int | None:
+    """The context length a Hugging Face model id was trained at; None if the table does not know it."""
+    return TRAINED_CONTEXT.get(model.lower())

@@ -114,6 +114,13 @@ CASES = [
      "job.nodes", "raise gpuNodes.desiredSize (2)"),
     ("hybrid-shard-on-one-node", "p5", {"job.nodes": 1, "job.sharding": "HYBRID_SHARD"}, SECRETS,
      "job.sharding", "replicates across nodes"),
+    # HYBRID_SHARD's mesh is (world / shard, shard): torch's DeviceMesh needs the shard size to divide
+    # the world (2 nodes x p5's 8 GPUs = 16; elastic down to 1 node: 8).
+    ("hsdp-shard-not-dividing-the-world", "p5", {"job.sharding": "HYBRID_SHARD", "job.hsdpShardSize": 3},
+     SECRETS, "job.hsdpShardSize", "must divide the world size, job nodes x GPUs per node (2 x 8 = 16 GPUs)"),
+    ("hsdp-shard-not-dividing-the-smallest-elastic-world", "p5",
+     {"job.sharding": "HYBRID_SHARD", "job.hsdpShardSize": 16, "job.minNodes": 1}, SECRETS,
+     "job.hsdpShardSize", "(1 x 8 = 8 GPUs)"),
     # secrets
     ("gated-model-without-token", "p5", {}, NO_TOKEN, "hfToken", "is gated"),
     ("grafana-without-password", "p5", {}, NO_GRAFANA, "grafanaAdminPassword", "--secret grafanaAdminPassword"),
@@ -261,6 +268,7 @@ TRAINING_REFUSED = [
     ("hsdpShardSize", -1, "must be >= 0"),
     ("checkpointEvery", -1, "must be >= 0"),
     ("keepCheckpoints", 0, "must be >= 1"),
+    ("dataset", "s3://bucket/train.jsonl", "is a URL, and the job reads a local path or a Hugging Face dataset"),
 ]
 
 
@@ -283,5 +291,38 @@ def test_training_values_at_their_limits_are_accepted(key, value):
     assert problems(changed("p5", {f"job.{key}": value})) == {}
 
 
-def test_hsdp_shard_size_is_accepted_with_hybrid_shard():
-    assert problems(changed("p5", {"job.sharding": "HYBRID_SHARD", "job.hsdpShardSize": 8})) == {}
+@pytest.mark.parametrize("shard", [8, 16, 4])
+def test_hsdp_shard_size_is_accepted_with_hybrid_shard(shard):
+    """Divisors of the 16 GPUs (2 x p5's 8): one node's GPUs, the whole world, half a node."""
+    config = changed("p5", {"job.sharding": "HYBRID_SHARD", "job.hsdpShardSize": shard})
+    assert problems(config) == {}
+    assert [w for w in settings_parser.settings_warnings(parse(config)) if w.key == "job.hsdpShardSize"] == []
+
+
+# --------------------------------------------------------------------------- warnings
+def warnings_on(key: str, config: dict) -> list[str]:
+    """The preview warnings on ``key`` of settings that are accepted."""
+    assert problems(config) == {}, problems(config)
+    return [str(w) for w in settings_parser.settings_warnings(parse(config)) if w.key == key]
+
+
+def test_hsdp_shard_groups_across_node_boundaries_are_a_warning():
+    """6 GPUs per node x 2 nodes = 12, shard size 4: divides the world (accepted), but every
+    other group spans two nodes (4 does not divide 6): a warning naming both numbers."""
+    config = changed("p5", {"job.gpusPerNode": 6, "job.sharding": "HYBRID_SHARD", "job.hsdpShardSize": 4,
+                            "job.activationCheckpointing": "full"})
+    [warning] = warnings_on("job.hsdpShardSize", config)
+    assert "job.hsdpShardSize = 4: does not divide the 6 GPUs per node" in warning
+
+
+@pytest.mark.parametrize("seq_len, warned", [(8192, True), (4096, False)])
+def test_a_sequence_beyond_the_models_trained_context_is_a_warning(seq_len, warned):
+    """Llama-2-7b-hf's config.json: max_position_embeddings 4096. At 8192 (fitting in memory with
+    batch 1 and full activation checkpointing) preview warns, saying that the fine-tune has no
+    RoPE-scaling option; at 4096 it does not."""
+    config = changed("p5", {"job.seqLen": seq_len, "job.batchSize": 1, "job.activationCheckpointing": "full"})
+    found = warnings_on("job.seqLen", config)
+    assert bool(found) == warned, found
+    if warned:
+        assert "meta-llama/Llama-2-7b-hf was trained at 4,096 positions" in found[0]
+        assert "no RoPE-scaling option" in found[0]

@@ -16,14 +16,14 @@ from torch import nn
 from training.checkpoint import Checkpointer, TrainerState
 from training.dist import init_distributed
 from training.optim import (
+    ClippedAdamW,
     LocalAdamW,
     adamw_update,
     build_optimizer,
-    clip_and_step,
     compile_update,
     param_groups,
 )
-from training.parallel import LocalMixedPrecision, local_mixed_precision
+from training.parallel import LocalMixedPrecision, Parallelism
 
 MAX_NORM = 1.0
 
@@ -76,8 +76,8 @@ def _reference(steps: int):
 
 def _local_model():
     model = Linear()
-    LocalMixedPrecision(model, torch.bfloat16)
-    optimizer = LocalAdamW(param_groups(model, 0.1), local_mixed_precision(model), lr=0.05)
+    model.local = LocalMixedPrecision(model, torch.bfloat16)
+    optimizer = LocalAdamW(param_groups(model, 0.1), model.local, lr=0.05)
     return model, optimizer
 
 
@@ -95,11 +95,11 @@ def test_local_adamw_matches_adamw_after_clip_grad_norm():
     norms, weights = _reference(steps)
     model, optimizer = _local_model()
     scheduler = _schedule(optimizer)
-    local = local_mixed_precision(model)
+    local = model.local
     for step, (cw, cb) in enumerate(_gradients(steps)):
         model(cw, cb).backward()
         assert model.w.grad is None and local.grad_of(model.w).dtype == torch.bfloat16
-        norm = clip_and_step(model, optimizer, MAX_NORM)
+        norm = optimizer.clip_and_step(MAX_NORM)
         scheduler.step()
         optimizer.zero_grad()
         assert torch.allclose(norm, norms[step], rtol=1e-6), step
@@ -116,7 +116,7 @@ def test_gradient_accumulation_sums_micro_batches_in_fp32():
     norms, weights = _reference(2)
     model, optimizer = _local_model()
     scheduler = _schedule(optimizer)
-    local = local_mixed_precision(model)
+    local = model.local
     for step, (cw, cb) in enumerate(_gradients(2)):
         for sync in (False, True):
             local.set_requires_gradient_sync(sync)
@@ -124,7 +124,7 @@ def test_gradient_accumulation_sums_micro_batches_in_fp32():
             if not sync:
                 assert local.grad_of(model.w) is None  # not handed over before the last one
         assert local.grad_of(model.w).dtype == torch.float32
-        norm = clip_and_step(model, optimizer, MAX_NORM)
+        norm = optimizer.clip_and_step(MAX_NORM)
         scheduler.step()
         optimizer.zero_grad()
         assert torch.allclose(norm, norms[step], rtol=1e-6)
@@ -142,7 +142,7 @@ def test_forward_without_autograd_leaves_the_fp32_masters_in_place():
     assert [p.dtype for p in model.parameters()] == [torch.float32, torch.float32]
     assert all(torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before))
     model(*_gradients(1)[0]).backward()
-    clip_and_step(model, optimizer, MAX_NORM)
+    optimizer.clip_and_step(MAX_NORM)
     assert not torch.equal(model.w.detach(), before[0])
 
 
@@ -173,13 +173,34 @@ def test_the_update_compiles_whole_and_matches_eager():
 
 def test_build_optimizer_picks_the_fused_step_only_for_local_mixed_precision():
     """Checked against the model's wrapping: LocalAdamW exactly when the model has local mixed
-    precision, PyTorch's AdamW otherwise (FSDP, or fp32 in one process)."""
+    precision, PyTorch's AdamW (ClippedAdamW, its subclass that clips first) otherwise (FSDP,
+    or fp32 in one process)."""
     from training.config import OptimConfig
 
-    plain = Linear()
-    assert type(build_optimizer(plain, OptimConfig(), torch.device("cpu"))) is torch.optim.AdamW
+    plain = build_optimizer(Linear(), OptimConfig(), torch.device("cpu"))
+    assert type(plain) is ClippedAdamW and isinstance(plain, torch.optim.AdamW)
     model, _ = _local_model()
-    assert isinstance(build_optimizer(model, OptimConfig(), torch.device("cpu")), LocalAdamW)
+    assert isinstance(build_optimizer(model, OptimConfig(), torch.device("cpu"),
+                                      local=model.local), LocalAdamW)
+
+
+def test_clipped_adamw_is_clip_grad_norm_then_adamw():
+    """Checked against `_reference` (clip_grad_norm_, then torch.optim.AdamW): the same norms
+    and exactly the same weights over 6 steps."""
+    from training.config import OptimConfig
+
+    norms, weights = _reference(6)
+    model = Linear()
+    optimizer = build_optimizer(model, OptimConfig(learning_rate=0.05, weight_decay=0.1),
+                                torch.device("cpu"))
+    scheduler = _schedule(optimizer)
+    for step, (cw, cb) in enumerate(_gradients(6)):
+        model.w.grad, model.b.grad = cw.clone(), cb.clone()
+        assert torch.equal(optimizer.clip_and_step(MAX_NORM), norms[step])
+        scheduler.step()
+        optimizer.zero_grad()
+        assert torch.equal(model.w.detach(), weights[step][0])
+        assert torch.equal(model.b.detach(), weights[step][1])
 
 
 def _save_and_load(tmp_path, env, source, target) -> None:
@@ -220,7 +241,7 @@ def test_checkpoints_move_between_adamw_and_the_fused_step(world_of_one, tmp_pat
         for group in optimizer.param_groups:
             group["lr"] = 0.05 * 2.0  # the schedule's factor at step 2, as the trainer restores
         model(*grads[2]).backward()
-        clip_and_step(model, optimizer, MAX_NORM)
+        optimizer.clip_and_step(MAX_NORM)
         assert _close(model.w.detach(), weights[2][0]) and _close(model.b.detach(), weights[2][1])
 
         back_model = Linear()
@@ -305,8 +326,8 @@ def test_reports_name_the_strategy_the_model_is_under():
     """Checked against the wrapping: a one-process model reports no sharding (local mixed
     precision, or plain fp32), whatever --sharding says; only a fully_shard-ed model reports
     the strategy."""
-    from training.parallel import strategy
-
     model, _ = _local_model()
-    assert strategy(model, "FULL_SHARD") == "none: local mixed precision (world size 1)"
-    assert strategy(Linear(), "FULL_SHARD") == "none: one process in fp32"
+    local = Parallelism({"local_mixed_precision": 1}, local=model.local)
+    assert local.strategy("FULL_SHARD") == "none: local mixed precision (world size 1)"
+    assert Parallelism({}).strategy("FULL_SHARD") == "none: one process in fp32"
+    assert Parallelism({"fully_shard": 3}, sharded=True).strategy("FULL_SHARD") == "FULL_SHARD"

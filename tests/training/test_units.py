@@ -196,7 +196,7 @@ def test_random_init_draws_every_matrix_afresh():
 def test_warmup_then_cosine():
     """Checked against the schedule's definition: linear warm-up to the peak, cosine down to
     min_lr_ratio at the last step."""
-    from training.finetune import WarmupCosine
+    from training.optim import WarmupCosine
 
     s = WarmupCosine(warmup=4, total=20, min_ratio=0.1)
     assert [s(i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
@@ -285,7 +285,7 @@ def test_out_of_memory_message(monkeypatch, capsys, world_of_one):
     run ends with status 1 and one message naming the four remedies."""
     from training import finetune
 
-    def oom(cfg, env):
+    def oom(cfg, env, faults=None):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 
     monkeypatch.setattr(finetune, "run", oom)
@@ -306,17 +306,17 @@ def _steps_at_world_of_one(env, fsdp: bool, argv: list[str], steps: int = 4) -> 
 
     cfg = C.parse_args(argv)
     model = meta_model_from_config(LlamaConfig(**tiny.LLAMA_KWARGS))
-    _, wrapped = parallelize_model(cfg, model, env, fsdp_at_world_1=fsdp)
-    assert ("fully_shard" in wrapped) == fsdp
+    _, parallel = parallelize_model(cfg, model, env, fsdp_at_world_1=fsdp)
+    assert ("fully_shard" in parallel.wrapped) == parallel.sharded == fsdp
     init_random_(model, 0)
-    optimizer = build_optimizer(model, cfg.optim, env.device)
+    optimizer = build_optimizer(model, cfg.optim, env.device, local=parallel.local)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     gen = torch.Generator().manual_seed(0)
     batches = [torch.randint(3, 259, (2, 33), generator=gen)
                for _ in range(cfg.train.grad_accum)]
     out = []
     for _ in range(steps):  # the same batch every step: the loss must fall
-        loss, norm = train_step(model, optimizer, scheduler,
+        loss, norm = train_step(model, parallel, optimizer, scheduler,
                                 [(t[:, :-1], t[:, 1:]) for t in batches],
                                 cfg.optim.max_grad_norm, env)
         assert all(p.dtype == torch.float32 for p in model.parameters())  # masters between steps

@@ -1,0 +1,67 @@
+"""Fault injection for the tests, behind one seam: `from_environment()` is None unless a
+``FSDP_EKS_TEST_*`` variable is set, and the job then passes the result to the two places that
+take hooks (the loop's step end, the checkpointer's files-written point). A production run
+builds no `Faults` and runs no hook code.
+
+- ``FSDP_EKS_TEST_STEP_DELAY_S``: sleep this many seconds after every step, so a test can act
+  mid-run.
+- ``FSDP_EKS_TEST_EXIT_AFTER_STEP``: stop cleanly (status 0) right after this step and its
+  checkpoint, like a job that was stopped; no final checkpoint or export.
+- ``FSDP_EKS_TEST_KILL_IN_SAVE_AT_STEP``: on the first attempt (TORCHELASTIC_RESTART_COUNT=0),
+  the last rank SIGKILLs itself after writing its shards of this step's checkpoint, before the
+  checkpoint is marked complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from training.dist import DistEnv
+
+log = logging.getLogger(__name__)
+
+STEP_DELAY_ENV = "FSDP_EKS_TEST_STEP_DELAY_S"
+EXIT_AFTER_STEP_ENV = "FSDP_EKS_TEST_EXIT_AFTER_STEP"
+KILL_IN_SAVE_ENV = "FSDP_EKS_TEST_KILL_IN_SAVE_AT_STEP"
+
+
+@dataclass(frozen=True)
+class Faults:
+    """The faults a test asked for (the module docstring)."""
+
+    env: DistEnv
+    step_delay_s: float = 0.0
+    exit_after_step: int = 0
+    kill_in_save_at_step: int = 0
+
+    def stop_after(self, step: int) -> bool:
+        """At the end of ``step``: sleep the delay; True where the run is to stop here."""
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
+        if step == self.exit_after_step:
+            log.warning("test hook %s: stopping after step %d", EXIT_AFTER_STEP_ENV, step)
+            return True
+        return False
+
+    def files_written(self, step: int) -> None:
+        """A rank's checkpoint files of ``step`` are written, the checkpoint is not complete."""
+        if (step == self.kill_in_save_at_step
+                and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+                and self.env.rank == self.env.world_size - 1):
+            log.warning("test hook %s: rank %d dies while saving step %d", KILL_IN_SAVE_ENV,
+                        self.env.rank, step)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def from_environment(env: DistEnv) -> Faults | None:
+    """The faults the environment asks for; None (no hooks at all) when it asks for none."""
+    if not any(os.environ.get(name) for name in (STEP_DELAY_ENV, EXIT_AFTER_STEP_ENV,
+                                                 KILL_IN_SAVE_ENV)):
+        return None
+    return Faults(env, step_delay_s=float(os.environ.get(STEP_DELAY_ENV) or 0),
+                  exit_after_step=int(os.environ.get(EXIT_AFTER_STEP_ENV) or 0),
+                  kill_in_save_at_step=int(os.environ.get(KILL_IN_SAVE_ENV) or 0))

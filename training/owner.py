@@ -1,0 +1,123 @@
+"""One run owns a checkpoint directory at a time: OWNER.json in it, written by global rank 0.
+
+Two jobs that write one directory at once (two PyTorchJobs, a re-run on shared FSx while the
+first still runs) overwrite each other's checkpoints and resume from each other's steps. So a
+run takes the directory at start, before any data is read, and keeps a heartbeat (the file's
+modification time, touched every HEARTBEAT_S by a background thread of rank 0) until it ends.
+
+A second run is refused, naming the owner (host, pid, run id, start time, heartbeat age),
+unless the owner is gone:
+- the same job: torchrun's run id (``TORCHELASTIC_RUN_ID``, the PyTorchJob's rdzvId) is the
+  owner's, so a restarted group of that job takes its own directory back at once;
+- a dead process on this host (its pid is not running): a killed run outside torchrun;
+- a heartbeat older than STALE_AFTER_S on any host: a killed job elsewhere (pids mean nothing
+  across hosts and pods, and a shared file system has no notion of a dead writer).
+A run that ends, well or with an error, removes the file; a killed one leaves it to those rules.
+Creating the file is atomic (O_EXCL), also on Lustre; taking over a stale owner's file is not
+(two runs started within the same moment on a stale directory could both take it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from training.errors import UserError
+
+log = logging.getLogger(__name__)
+
+OWNER_FILE = "OWNER.json"
+HEARTBEAT_S = 30.0
+STALE_AFTER_S = 300.0
+"""Ten missed heartbeats: longer than any pause of a live rank 0's background thread."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _describe(owner: dict, age: float) -> str:
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(owner.get("started", 0)))
+    return (f"host {owner.get('host')}, pid {owner.get('pid')}, run id {owner.get('run_id')}, "
+            f"started {started}, last heartbeat {age:.0f} s ago")
+
+
+class DirectoryOwner:
+    """This run's claim on a checkpoint directory (rank 0 only); ``release`` ends it."""
+
+    def __init__(self, directory: Path):
+        self.path = directory / OWNER_FILE
+        self.me = {"host": socket.gethostname(), "pid": os.getpid(),
+                   "run_id": os.environ.get("TORCHELASTIC_RUN_ID"), "started": time.time(),
+                   "token": uuid.uuid4().hex}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def take(self) -> None:
+        """Own the directory, or raise UserError naming its live owner."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(self.me)
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            self._take_over(text)
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        self._thread = threading.Thread(target=self._beat, name="owner-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _take_over(self, text: str) -> None:
+        try:
+            owner = json.loads(self.path.read_text())
+            age = time.time() - self.path.stat().st_mtime
+        except FileNotFoundError:  # released meanwhile
+            owner, age = {}, float("inf")
+        except (OSError, ValueError):
+            owner, age = {}, time.time() - self.path.stat().st_mtime
+        same_job = self.me["run_id"] is not None and owner.get("run_id") == self.me["run_id"]
+        dead_here = owner.get("host") == self.me["host"] and not _alive(int(owner.get("pid", -1)))
+        if not (same_job or dead_here or age > STALE_AFTER_S or not owner):
+            raise UserError(
+                f"--checkpoint-dir {self.path.parent}: another run owns it ({_describe(owner, age)})"
+                "; two runs writing one directory overwrite each other's checkpoints. Wait for "
+                "it to end, stop it, or give this run another --checkpoint-dir (a killed run's "
+                f"claim lapses {STALE_AFTER_S:.0f} s after its last heartbeat)")
+        if owner and not same_job:
+            log.warning("--checkpoint-dir %s: taking it over from a run that is gone (%s)",
+                        self.path.parent, _describe(owner, age))
+        tmp = self.path.with_name(f".{OWNER_FILE}.{self.me['token']}")
+        tmp.write_text(text)
+        os.replace(tmp, self.path)
+
+    def _ours(self) -> bool:
+        try:
+            return json.loads(self.path.read_text()).get("token") == self.me["token"]
+        except (OSError, ValueError):
+            return False
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            if self._ours():
+                os.utime(self.path)
+            else:
+                log.error("--checkpoint-dir %s: %s was replaced by another run; this run no "
+                          "longer owns the directory", self.path.parent, OWNER_FILE)
+                return
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._ours():
+            self.path.unlink(missing_ok=True)

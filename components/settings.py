@@ -316,11 +316,16 @@ SCALAR_KEYS = ("profile",)
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with the stack configuration."""
+    """One thing wrong with the stack configuration: the key, the value found there, the fix."""
 
     key: str
     value: Any
     fix: str
+
+    @classmethod
+    def located(cls, problem: training_config.Problem, key: str, value: Any) -> Problem:
+        """The training package's problem of a field, at the stack key that sets the field."""
+        return cls(key, value, problem.fix)
 
     def __str__(self) -> str:
         # A key in parentheses is not a config key (the stack's name): no namespace before it.

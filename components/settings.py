@@ -1,7 +1,7 @@
 """The stack's settings: the typed, frozen objects every component receives, and their errors.
 
 ``components/settings_parser.py`` builds them from the stack file (the only reader of
-``pulumi.Config``) and ``components/settings_rules.py`` validates them; this module holds only the
+``pulumi.Config``) and ``components/settings_rules/`` validates them; this module holds only the
 types, so that every component (and the fit check, which is one of the rules) can import them
 without a cycle.
 """

@@ -2,7 +2,7 @@
 
 This module is the only reader of ``pulumi.Config``. It parses every ``fsdp-eks:*`` key of the
 stack file into the typed, keyword-only dataclasses of ``components/settings.py``, rejects
-unknown keys, then runs every rule of ``components/settings_rules.py`` and raises one
+unknown keys, then runs every rule of ``components/settings_rules/`` and raises one
 ``SettingsError`` listing every problem at once: the key, the bad value and the fix. It runs at
 preview, before anything is created.
 

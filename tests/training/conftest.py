@@ -56,6 +56,13 @@ def torchrun_cmd(nproc: int, launcher: list[str] | None = None,
             f"--nproc-per-node={nproc}", "-m", module]
 
 
+def start(cmd: list[str], **env: str) -> subprocess.Popen:
+    """A training command started in the background from the repository, with the training
+    environment (``child_env``); its stdout and stderr in one text pipe."""
+    return subprocess.Popen(cmd, cwd=REPO, env=child_env(**env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
 def finetune_in_one_process(cache: Path, *flags: str, env: dict | None = None,
                             prefix: tuple[str, ...] = (),
                             timeout: float = 480) -> subprocess.CompletedProcess:

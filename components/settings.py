@@ -1,7 +1,7 @@
 """The stack's settings: the typed, frozen objects every component receives, and their errors.
 
 ``components/settings_parser.py`` builds them from the stack file (the only reader of
-``pulumi.Config``) and ``components/settings_rules.py`` validates them; this module holds only the
+``pulumi.Config``) and ``components/settings_rules/`` validates them; this module holds only the
 types, so that every component (and the fit check, which is one of the rules) can import them
 without a cycle.
 """
@@ -316,11 +316,16 @@ SCALAR_KEYS = ("profile",)
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with the stack configuration."""
+    """One thing wrong with the stack configuration: the key, the value found there, the fix."""
 
     key: str
     value: Any
     fix: str
+
+    @classmethod
+    def located(cls, problem: training_config.Problem, key: str, value: Any) -> Problem:
+        """The training package's problem of a field, at the stack key that sets the field."""
+        return cls(key, value, problem.fix)
 
     def __str__(self) -> str:
         # A key in parentheses is not a config key (the stack's name): no namespace before it.

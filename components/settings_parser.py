@@ -2,7 +2,7 @@
 
 This module is the only reader of ``pulumi.Config``. It parses every ``fsdp-eks:*`` key of the
 stack file into the typed, keyword-only dataclasses of ``components/settings.py``, rejects
-unknown keys, then runs every rule of ``components/settings_rules.py`` and raises one
+unknown keys, then runs every rule of ``components/settings_rules/`` and raises one
 ``SettingsError`` listing every problem at once: the key, the bad value and the fix. It runs at
 preview, before anything is created.
 
@@ -164,8 +164,9 @@ def _parse_training(raw: Mapping[str, Any], problems: list[Problem]) -> training
     try:
         return training_config.from_fields(values)
     except training_config.ConfigError as e:
-        problems.extend(Problem(_stack_key(name), values.get(name), _in_stack_terms(fix))
-                        for name, fix in e.problems)
+        problems.extend(Problem.located(dataclasses.replace(p, fix=_in_stack_terms(p.fix)),
+                                        _stack_key(p.key), values.get(p.key))
+                        for p in e.problems)
         return None
 
 

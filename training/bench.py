@@ -9,7 +9,7 @@ benchmark's own (`--shape`, `--bench-steps`, ...; see --help). The model is the 
 forward, AC, compile, fully_shard; `build_model`, `build_optimizer`, `build_scheduler`) and the
 same `train_step`; only the weights (random, or `--model DIR` through the real loading path) and
 the data (uniform random token ids) differ. No special fast path. The JSON names what the
-fine-tune also reports as it does: `run/*` (`finetune.describe`), `perf/*`
+fine-tune also reports as it does: `run/*` (`finetune.run_description`), `perf/*`
 (`metrics.perf_metrics`); the rest is the bench's own.
 
 Method (docs/design.md#measuring-speed): `--bench-warmup` steps (compilation, allocator growth) are excluded;
@@ -48,7 +48,7 @@ from training.config import JobConfig, flag, parse_args  # noqa: E402
 from training.dist import DistEnv, init_distributed  # noqa: E402
 from training.dataset import PackedData, pack  # noqa: E402
 from training.errors import UserError  # noqa: E402
-from training.finetune import (build_model, describe,  # noqa: E402
+from training.finetune import (build_model, run_description,  # noqa: E402
                                parallelize_model, set_runtime_defaults, train_step)
 from training.gc_schedule import GcSchedule  # noqa: E402
 from training.logs import setup_logging  # noqa: E402
@@ -366,7 +366,7 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
 
 def _setup_record(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, model: nn.Module,
                   parallel: Parallelism, source: str) -> dict:
-    """What was run: the fine-tune's description (`run/*`, `finetune.describe`) with the
+    """What was run: the fine-tune's description (`run/*`, `finetune.run_description`) with the
     model's source as run/model, and what only the bench reports."""
     mcfg = model.config
     b, accum = cfg.train.batch_size, cfg.train.grad_accum
@@ -374,7 +374,7 @@ def _setup_record(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, model:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "tag": args.tag,
         "status": "ok",
-        **describe(cfg, env, model, parallel),
+        **run_description(cfg, env, model, parallel),
         "run/model": source,
         "model": {"shape": args.shape, "intermediate": mcfg.intermediate_size,
                   "heads": mcfg.num_attention_heads, "kv_heads": mcfg.num_key_value_heads,

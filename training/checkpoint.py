@@ -213,7 +213,7 @@ def rank_files(directory: Path, rank: int) -> list[Path]:
     return files
 
 
-def describe_files(files: list[Path]) -> dict[str, dict]:
+def manifest_entries(files: list[Path]) -> dict[str, dict]:
     """{name: {"bytes", "crc32"}} of files already written."""
     return {f.name: {"bytes": f.stat().st_size, "crc32": file_crc32(f)} for f in files}
 
@@ -438,7 +438,7 @@ class Checkpointer:
 
         def written_files() -> dict[str, dict]:
             written.result()
-            return describe_files(rank_files(tmp, rank))
+            return manifest_entries(rank_files(tmp, rank))
 
         files = self._hasher.submit(written_files)
         self.pending = _PendingSave(step=step, tmp=tmp, final=final, extra=extra, files=files,

@@ -40,13 +40,21 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-Problem = tuple[str, str]
-"""A user mistake: (config field name, what is wrong and what to use)."""
+@dataclass(frozen=True)
+class Problem:
+    """A user mistake: the config field to change and what is wrong and what to use.
+
+    The stack's own problems (components.settings.Problem) are built from these, located by
+    the stack key and the value found there.
+    """
+
+    key: str
+    fix: str
 
 
 def _failing(*checks: tuple[bool, str, str]) -> list[Problem]:
-    """The (name, problem) of every check whose condition is false."""
-    return [(name, problem) for ok, name, problem in checks if not ok]
+    """The problem of every check whose condition is false."""
+    return [Problem(name, fix) for ok, name, fix in checks if not ok]
 
 
 class ConfigError(ValueError):
@@ -54,7 +62,7 @@ class ConfigError(ValueError):
 
     def __init__(self, problems: list[Problem]):
         self.problems = problems
-        super().__init__("; ".join(f"{flag(name)}: {problem}" for name, problem in problems))
+        super().__init__("; ".join(f"{flag(p.key)}: {p.fix}" for p in problems))
 
 
 class _Section:

@@ -381,7 +381,7 @@ def _train(cfg: JobConfig, run: _Run, out: MetricsLogger, flops_token: float, en
     return history
 
 
-def describe(cfg: JobConfig, env: DistEnv, model: nn.Module, parallel: Parallelism) -> dict:
+def run_description(cfg: JobConfig, env: DistEnv, model: nn.Module, parallel: Parallelism) -> dict:
     """What docs/design.md#measuring-speed asks to report beside every speed number (`run/*` keys)."""
     total, embedding, flops_token = model_flops(model, cfg.data.seq_len)
     mcfg = model.config
@@ -432,7 +432,7 @@ def run(cfg: JobConfig, env: DistEnv, faults: Faults | None = None) -> dict:
     evaluator = Evaluator(val, cfg.train.batch_size, cfg.train.eval_every, sampler, env)
     run_ = _Run(model, parallel, optimizer, scheduler, ckpt, evaluator, data, sampler, state,
                 total)
-    description = describe(cfg, env, model, parallel)
+    description = run_description(cfg, env, model, parallel)
     log.info("plan: steps %d..%d, %s", state.step + 1, run_.total, json.dumps(description))
     with ExitStack() as stack:
         out = MetricsLogger(cfg, env, stack, state.step, run_.total)

@@ -48,7 +48,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _describe(owner: dict, age: float) -> str:
+def _owner_summary(owner: dict, age: float) -> str:
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(owner.get("started", 0)))
     return (f"host {owner.get('host')}, pid {owner.get('pid')}, run id {owner.get('run_id')}, "
             f"started {started}, last heartbeat {age:.0f} s ago")
@@ -91,13 +91,13 @@ class DirectoryOwner:
         dead_here = owner.get("host") == self.me["host"] and not _alive(int(owner.get("pid", -1)))
         if not (same_job or dead_here or age > STALE_AFTER_S or not owner):
             raise UserError(
-                f"--checkpoint-dir {self.path.parent}: another run owns it ({_describe(owner, age)})"
+                f"--checkpoint-dir {self.path.parent}: another run owns it ({_owner_summary(owner, age)})"
                 "; two runs writing one directory overwrite each other's checkpoints. Wait for "
                 "it to end, stop it, or give this run another --checkpoint-dir (a killed run's "
                 f"claim lapses {STALE_AFTER_S:.0f} s after its last heartbeat)")
         if owner and not same_job:
             log.warning("--checkpoint-dir %s: taking it over from a run that is gone (%s)",
-                        self.path.parent, _describe(owner, age))
+                        self.path.parent, _owner_summary(owner, age))
         tmp = self.path.with_name(f".{OWNER_FILE}.{self.me['token']}")
         tmp.write_text(text)
         os.replace(tmp, self.path)

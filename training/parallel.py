@@ -186,9 +186,10 @@ class LocalMixedPrecision:
     shards directly. Which of the two a float8 linear starts from moved the final loss of the
     float8 convergence run by 0.3 %, a third of the bf16 run-to-run spread, while the copy the
     optimizer writes anyway saves a pass over every float8 weight and gradient per step
-    (docs/performance.md, calls 8 and 9). Memory: the compute-dtype copy of every parameter,
-    2 B per parameter, is kept between steps; in exchange no fp32 gradient is allocated when
-    one micro-batch makes the step.
+    (docs/performance.md, "float8 convergence on real text": one H200, 2026-12-01, JSONs in
+    docs/benchmarks/h200-peer/call8/ and call9/). Memory: the compute-dtype copy of every
+    parameter, 2 B per parameter, is kept between steps; in exchange no fp32 gradient is
+    allocated when one micro-batch makes the step.
     """
 
     def __init__(self, model: nn.Module, param_dtype: torch.dtype):

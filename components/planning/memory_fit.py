@@ -49,7 +49,7 @@ itself must fit in the memory the worker pod requests per GPU
 sharded strategy, or ``job.asyncCheckpoint: false``).
 
 The settings rules that apply the estimate to a stack's job (the GPU budget, the host copy, what
-would fit instead) are in components/settings_rules.py.
+would fit instead) are in components/settings_rules/fit.py.
 """
 
 from __future__ import annotations

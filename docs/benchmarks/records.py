@@ -6,7 +6,7 @@ peer_table.py, report.py): `training.bench` and peer_torchtitan.py write the fin
 import json
 from pathlib import Path
 
-RENAMED = {  # earlier name -> the fine-tune's name (training/finetune.py describe, metrics.py)
+RENAMED = {  # earlier name -> the fine-tune's name (finetune.run_description, metrics.py)
     "tokens_per_s_per_gpu": "perf/tokens_per_s_per_gpu",
     "tokens_per_s": "perf/tokens_per_s",
     "mfu_pct": "perf/mfu_pct",

@@ -1,4 +1,4 @@
-"""Every branch of every settings rule (components/settings_rules.py), one case each, and the
+"""Every branch of every settings rule (components/settings_rules/), one case each, and the
 values just inside each limit, which must pass.
 
 Each case starts from a stack file of the repository (valid as committed), changes what the

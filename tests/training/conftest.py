@@ -48,10 +48,28 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def torchrun_cmd(nproc: int, launcher: list[str] | None = None) -> list[str]:
+def torchrun_cmd(nproc: int, launcher: list[str] | None = None,
+                 module: str = "training.finetune") -> list[str]:
+    """`torchrun [launcher] --nproc-per-node=N -m module`, one node by default (--standalone)."""
     launcher = ["--standalone"] if launcher is None else launcher
     return [sys.executable, "-m", "torch.distributed.run", *launcher,
-            f"--nproc-per-node={nproc}", "-m", "training.finetune"]
+            f"--nproc-per-node={nproc}", "-m", module]
+
+
+def start(cmd: list[str], **env: str) -> subprocess.Popen:
+    """A training command started in the background from the repository, with the training
+    environment (``child_env``); its stdout and stderr in one text pipe."""
+    return subprocess.Popen(cmd, cwd=REPO, env=child_env(**env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def finetune_in_one_process(cache: Path, *flags: str, env: dict | None = None,
+                            prefix: tuple[str, ...] = (),
+                            timeout: float = 480) -> subprocess.CompletedProcess:
+    """`python -m training.finetune` without torchrun (world size 1), run to its end."""
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "training.finetune", "--cache-dir", str(cache), *flags],
+        cwd=REPO, env=child_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
 
 
 @dataclass

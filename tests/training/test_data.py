@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.training.conftest import REPO, child_env, held_out
+from tests.training.conftest import finetune_in_one_process, held_out
 from training import config as C
 from training import dataset, tiny
 from training.errors import UserError
@@ -355,9 +354,7 @@ def test_chat_needs_a_tokenizer_with_a_template(tokenizer):
 
 
 def _cli(tmp_path, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "training.finetune", "--cache-dir", str(tmp_path / "cache"),
-         *flags], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120)
+    return finetune_in_one_process(tmp_path / "cache", *flags)
 
 
 @pytest.mark.parametrize("flag", ["--output-dir", "--checkpoint-dir"])

@@ -3,11 +3,9 @@ the PyTorchJob's pods do: one agent per "node", one process each."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
-from tests.training.conftest import REPO, TINY_FLAGS, Run, child_env, torchrun_cmd
+from tests.training.conftest import TINY_FLAGS, Run, start, torchrun_cmd
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -20,8 +18,7 @@ def _two_agents(tmp_path, tiny_cache, run_id: str, launcher: list[str], env: dic
         cmd = torchrun_cmd(1, launcher) + [
             *TINY_FLAGS, "--max-steps", "3", "--batch-size", "4", "--cache-dir", str(tiny_cache),
             "--metrics-file", str(work / "metrics.jsonl")]
-        procs.append((subprocess.Popen(cmd, cwd=REPO, env=child_env(**env), text=True,
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT), work))
+        procs.append((start(cmd, **env), work))
     runs = []
     for proc, work in procs:
         try:

@@ -15,13 +15,12 @@ from pathlib import Path
 import pytest
 
 from tests.training.conftest import (
-    REPO,
     STEPS,
     TINY_FLAGS,
     Run,
     assert_losses_close,
-    child_env,
     steps_of,
+    start,
     torchrun_cmd,
     train,
 )
@@ -65,8 +64,7 @@ def test_sigkill_worker_restarts_and_matches_uninterrupted(reference, tmp_path, 
         *TINY_FLAGS, "--cache-dir", str(tiny_cache), "--batch-size", "4",
         "--checkpoint-dir", str(ckpt), "--checkpoint-every", str(N),
         "--metrics-file", str(metrics)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(FSDP_EKS_TEST_STEP_DELAY_S="0.5"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = start(cmd, FSDP_EKS_TEST_STEP_DELAY_S="0.5")
     try:
         deadline = time.monotonic() + 120
         while max(steps_of(metrics), default=0) < N + 1:
@@ -146,8 +144,7 @@ def test_lost_node_resumes_from_last_checkpoint_through_etcd(etcd, reference, tm
         "--checkpoint-dir", str(ckpt), "--checkpoint-every", str(N), "--metrics-file", str(metrics)]
 
     def agent() -> subprocess.Popen:
-        return subprocess.Popen(cmd, cwd=REPO, env=child_env(FSDP_EKS_TEST_STEP_DELAY_S="0.5"),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return start(cmd, FSDP_EKS_TEST_STEP_DELAY_S="0.5")
 
     agents = [agent(), agent()]
     try:
@@ -196,8 +193,7 @@ def test_hung_rank_fails_the_group_within_the_collective_timeout(tmp_path, tiny_
     cmd = torchrun_cmd(2, ["--standalone", "--max-restarts=0", "--monitor-interval=0.5"]) + [
         *TINY_FLAGS, "--cache-dir", str(tiny_cache), "--batch-size", "4",
         "--collective-timeout-s", str(COLLECTIVE_TIMEOUT_S), "--metrics-file", str(metrics)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(FSDP_EKS_TEST_STEP_DELAY_S="0.5"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = start(cmd, FSDP_EKS_TEST_STEP_DELAY_S="0.5")
     victim = None
     try:
         _wait_for_step(metrics, 2, [proc], timeout=120)

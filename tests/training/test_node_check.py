@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.training.conftest import REPO, child_env, free_port, steps_of, train
+from tests.training.conftest import REPO, child_env, free_port, steps_of, torchrun_cmd, train
 from training import node_check as nc
 from training.shapes import SHAPES
 from training.tiny import LLAMA_KWARGS
@@ -278,8 +278,7 @@ def test_no_connection_line_is_reported_as_unknown_with_why(monkeypatch):
 
 # ----------------------------------------------------------------------------- real processes
 def node_check_cmd(nproc: int, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "training.node_check", "--model", "tiny", *flags]
+    return torchrun_cmd(nproc, module="training.node_check") + ["--model", "tiny", *flags]
 
 
 def report_of(metrics: Path) -> dict:

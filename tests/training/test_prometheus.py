@@ -15,8 +15,8 @@ from tests.training.conftest import (
     REPO,
     TINY_FLAGS,
     Run,
-    child_env,
     free_port,
+    start,
     torchrun_cmd,
 )
 from training import metric_names, prometheus
@@ -70,8 +70,7 @@ def test_endpoint_serves_moving_step_counter(tmp_path, tiny_cache):
                              "--checkpoint-dir", str(tmp_path / "ckpt"),
                              "--checkpoint-every", "2", "--eval-every", "2",
                              "--metrics-file", str(tmp_path / "metrics.jsonl")]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(FSDP_EKS_TEST_STEP_DELAY_S="0.4"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = start(cmd, FSDP_EKS_TEST_STEP_DELAY_S="0.4")
     try:
         first = _wait_for(port, proc, lambda m: m.get("fsdp_train_step", 0) >= 2)
         second = _wait_for(port, proc, lambda m: m["fsdp_train_step"] >= first["fsdp_train_step"]

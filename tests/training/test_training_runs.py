@@ -14,6 +14,7 @@ from tests.training.conftest import (
     Run,
     assert_losses_close,
     free_port,
+    start,
     torchrun_cmd,
     train,
 )
@@ -94,9 +95,7 @@ def test_hybrid_shard_two_nodes_of_two(reference, tmp_path, tiny_cache):
     ("nodes") x 2 processes, rendezvous through c10d, so the mesh is (replicate=2, shard=2)
     from LOCAL_WORLD_SIZE; --batch-size 2 keeps the global batch at 8 sequences. Same losses
     within SAME_MATH_RTOL."""
-    import subprocess
-
-    from tests.training.conftest import REPO, TINY_FLAGS, child_env
+    from tests.training.conftest import TINY_FLAGS
 
     port = free_port()
     launcher = ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
@@ -108,8 +107,7 @@ def test_hybrid_shard_two_nodes_of_two(reference, tmp_path, tiny_cache):
         cmd = torchrun_cmd(2, launcher) + [
             *TINY_FLAGS, "--cache-dir", str(tiny_cache), "--batch-size", "2",
             "--sharding", "HYBRID_SHARD", "--metrics-file", str(work / "metrics.jsonl")]
-        procs.append((subprocess.Popen(cmd, cwd=REPO, env=child_env(), text=True,
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT), work))
+        procs.append((start(cmd), work))
     runs = []
     for proc, work in procs:
         out, _ = proc.communicate(timeout=280)

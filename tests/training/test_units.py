@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from tests.training.conftest import REPO, child_env
+from tests.training.conftest import REPO, child_env, finetune_in_one_process
 from training import config as C
 from training import dataset, hub, metrics, tiny
 from training.errors import UserError
@@ -269,10 +269,7 @@ def test_selective_checkpointing_of_one_layer():
 def test_missing_dataset_cli_one_line(tmp_path):
     """Checked against the real entry point (one process, no torchrun): a missing dataset
     exits 1 with one error line naming --dataset and no traceback."""
-    out = subprocess.run(
-        [sys.executable, "-m", "training.finetune", "--dataset", str(tmp_path / "none.jsonl"),
-         "--cache-dir", str(tmp_path)], cwd=REPO, env=child_env(), capture_output=True,
-        text=True, timeout=120)
+    out = finetune_in_one_process(tmp_path, "--dataset", str(tmp_path / "none.jsonl"))
     assert out.returncode == 1
     errors = [line for line in out.stderr.splitlines() if "ERROR" in line]
     assert len(errors) == 1 and "--dataset" in errors[0] and "no such file" in errors[0]

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.training.conftest import REPO, child_env
+from tests.training.conftest import finetune_in_one_process as finetune
 from training import tiny
 
 pytestmark = pytest.mark.timeout(600)
@@ -23,13 +24,6 @@ pytestmark = pytest.mark.timeout(600)
 SHIPPED = REPO / "training" / "data" / "instructions.jsonl"
 QUICK = ["--seq-len", "512", "--max-steps", "1", "--val-fraction", "0", "--seed", "7"]
 """One optimizer step of the tiny preset on one process."""
-
-
-def finetune(cache: Path, *flags: str, env: dict | None = None, prefix: tuple[str, ...] = (),
-             timeout: float = 480) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*prefix, sys.executable, "-m", "training.finetune", "--cache-dir", str(cache), *flags],
-        cwd=REPO, env=child_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
 
 
 def errors(out: subprocess.CompletedProcess) -> list[str]:

@@ -1,0 +1,113 @@
+"""The network and the cluster: VPC and subnets, Kubernetes version, system nodes, who reaches the API."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from components import versions
+from components.settings import Problem, Settings
+
+
+def network_rules(s: Settings) -> list[Problem]:
+    if not s.creates_cluster:
+        return []
+    n = s.network
+    problems = []
+    if n.existing_vpc_id is None:
+        try:
+            net = ipaddress.ip_network(n.vpc_cidr)
+            if net.prefixlen > 20:
+                problems.append(
+                    Problem("network.vpcCidr", n.vpc_cidr, "use a /20 or larger block (e.g. 10.0.0.0/16): "
+                            "pods take VPC IPs")
+                )
+        except ValueError:
+            problems.append(Problem("network.vpcCidr", n.vpc_cidr, "give an IPv4 CIDR such as 10.0.0.0/16"))
+        if len(n.availability_zones) < 2:
+            problems.append(
+                Problem("network.availabilityZones", list(n.availability_zones),
+                        "list at least two AZs of the region (EKS requires subnets in two AZs)")
+            )
+    else:
+        for key, ids in (
+            ("network.existingPrivateSubnetIds", n.existing_private_subnet_ids),
+            ("network.existingGpuSubnetIds", n.existing_gpu_subnet_ids),
+        ):
+            if not ids:
+                problems.append(Problem(key, [], "with network.existingVpcId, list the subnet ids"))
+    return problems
+
+
+def cluster_rules(s: Settings) -> list[Problem]:
+    c = s.cluster
+    problems = []
+    if c.kubernetes_version not in versions.SUPPORTED_KUBERNETES_VERSIONS:
+        problems.append(
+            Problem("cluster.kubernetesVersion", c.kubernetes_version,
+                    f"use one of {', '.join(versions.SUPPORTED_KUBERNETES_VERSIONS)} "
+                    "(add-on versions are pinned per Kubernetes version in components/versions.py)")
+        )
+    problems += size_rules("cluster.systemNodes", c.system_nodes.min_size,
+                            c.system_nodes.desired_size, c.system_nodes.max_size)
+    for cidr in c.public_access_cidrs:
+        if not _is_cidr(cidr):
+            problems.append(Problem("cluster.publicAccessCidrs", cidr, "give IPv4 CIDRs such as 203.0.113.0/24"))
+    if c.log_retention_days not in LOG_RETENTION_DAYS:
+        problems.append(Problem("cluster.logRetentionDays", c.log_retention_days,
+                                f"use one of {', '.join(map(str, LOG_RETENTION_DAYS))} (CloudWatch Logs "
+                                "retention; 0 keeps the logs forever)"))
+    return problems + _cluster_access_rules(s)
+
+
+IAM_ROLE_ARN = re.compile(r"arn:aws(-[a-z]+)*:iam::\d{12}:role/[\w+=,.@/-]{1,512}")
+"""An IAM role ARN (path allowed): what an EKS access entry's principal must be here."""
+OPEN_TO_THE_INTERNET = "0.0.0.0/0"
+
+
+def _cluster_access_rules(s: Settings) -> list[Problem]:
+    """Who reaches the cluster: access-entry roles, the endpoint (only on a cluster this stack creates)."""
+    c = s.cluster
+    problems = []
+    lists = (("cluster.adminRoleArns", c.admin_role_arns), ("cluster.viewerRoleArns", c.viewer_role_arns))
+    for key, arns in lists:
+        for arn in arns:
+            if not IAM_ROLE_ARN.fullmatch(arn):
+                problems.append(Problem(key, arn, "give IAM role ARNs such as arn:aws:iam::123456789012:role/ml-admins"))
+    for arn in sorted(set(c.admin_role_arns) & set(c.viewer_role_arns)):
+        problems.append(Problem("cluster.viewerRoleArns", arn, "already in cluster.adminRoleArns: list a role once"))
+    if not s.creates_cluster:
+        changed = [(key, list(arns)) for key, arns in lists if arns]
+        changed += [] if c.endpoint_public_access else [("cluster.endpointPublicAccess", False)]
+        problems += [Problem(key, value, "only for a cluster this stack creates: on an existing cluster manage "
+                             "its access entries and endpoint where it was created") for key, value in changed]
+    return problems
+
+
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557,
+                      2922, 3288, 3653, 0)
+"""What CloudWatch Logs accepts as a log group's retention (PutRetentionPolicy ``retentionInDays``)."""
+
+
+def size_rules(key: str, lo: int, desired: int, hi: int) -> list[Problem]:
+    if 0 <= lo <= desired <= hi and hi >= 1:
+        return []
+    return [Problem(f"{key}.minSize/desiredSize/maxSize", [lo, desired, hi],
+                    "need 0 <= minSize <= desiredSize <= maxSize and maxSize >= 1")]
+
+
+def _is_cidr(text: str) -> bool:
+    try:
+        ipaddress.IPv4Network(text)
+    except ValueError:
+        return False
+    return True
+
+
+def open_endpoint_warning(s: Settings) -> list[Problem]:
+    c = s.cluster
+    if s.creates_cluster and c.endpoint_public_access and OPEN_TO_THE_INTERNET in c.public_access_cidrs:
+        return [Problem("cluster.publicAccessCidrs", list(c.public_access_cidrs),
+                        "the Kubernetes API endpoint is open to the whole internet: list your networks' CIDRs, "
+                        "or set cluster.endpointPublicAccess: false (private endpoint only)")]
+    return []

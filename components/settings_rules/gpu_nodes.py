@@ -1,0 +1,52 @@
+"""The GPU node group: its size, AZ, capacity reservation, placement group and root volume."""
+
+from __future__ import annotations
+
+import re
+
+from components.settings import Problem, Settings
+from components.settings_rules.cluster import size_rules
+
+
+PLACEMENT_GROUP_NAME = re.compile(r"[\x21-\x7e][\x20-\x7e]{0,254}")
+"""An EC2 placement group name: up to 255 ASCII characters (CreatePlacementGroup ``GroupName``)."""
+
+
+def gpu_node_rules(s: Settings) -> list[Problem]:
+    if not s.creates_cluster:
+        return []
+    g = s.gpu_nodes
+    problems = size_rules("gpuNodes", g.min_size, g.desired_size, g.max_size)
+    azs = s.network.availability_zones
+    if s.network.existing_vpc_id is None and g.availability_zone not in azs:
+        problems.append(
+            Problem("gpuNodes.availabilityZone", g.availability_zone,
+                    f"use the reservation's AZ and list it in network.availabilityZones ({', '.join(azs)})")
+        )
+    rid = g.capacity_reservation_id
+    if rid is not None and not re.fullmatch(r"cr-[0-9a-f]{8,17}", rid):
+        problems.append(
+            Problem("gpuNodes.capacityReservationId", rid, "give the reservation id, cr- followed by hex digits")
+        )
+    if s.profile.reservation_only and rid is None:
+        problems.append(
+            Problem("gpuNodes.capacityReservationId", None,
+                    f"{s.profile.instance_type} is only sold through capacity reservations: set your reservation's id "
+                    "and AZ (pulumi config set --path gpuNodes.capacityReservationId cr-...; "
+                    "pulumi config set --path gpuNodes.availabilityZone <its AZ>; "
+                    "aws ec2 describe-capacity-reservations shows both)")
+        )
+    if g.capacity_block and rid is None:
+        problems.append(
+            Problem("gpuNodes.capacityReservationId", None,
+                    "gpuNodes.capacityBlock needs the capacity block's reservation id (cr-...)")
+        )
+    pg = g.placement_group_name
+    if pg is not None and not PLACEMENT_GROUP_NAME.fullmatch(pg):
+        problems.append(Problem("gpuNodes.placementGroupName", pg,
+                                "give the placement group's name (1-255 ASCII characters; "
+                                "aws ec2 describe-placement-groups lists them)"))
+    if g.root_volume_gib < 200:
+        problems.append(Problem("gpuNodes.rootVolumeGiB", g.root_volume_gib,
+                                "use at least 200: CUDA training images are tens of GB"))
+    return problems

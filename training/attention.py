@@ -88,10 +88,12 @@ def document_block_mask(position_ids: torch.Tensor):
                                     seq_lengths=(seq, seq))
 
 
-def use_document_mask(choice: str, device: torch.device) -> bool:
+def use_document_mask(choice: str, device: torch.device, compiled: bool) -> bool:
     """Whether the loss forward builds block masks: --packed-attention flex on a CUDA device
-    (see the module docstring for the CPU)."""
-    return choice == "flex" and device.type == "cuda"
+    (see the module docstring for the CPU) with compiled decoder layers. Uncompiled,
+    FlexAttention falls back to an unfused kernel that materialises the whole score matrix
+    (batch x heads x seq^2), slower and larger than the dense-mask path it replaces."""
+    return choice == "flex" and device.type == "cuda" and compiled
 
 
 def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,

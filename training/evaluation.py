@@ -27,7 +27,8 @@ def evaluate(model: nn.Module, val: PackedData, batch_size: int, env: DistEnv) -
         for rows in eval_rows(len(val), env.world_size, env.rank, batch_size):
             index = torch.tensor(rows).clamp(min=0)
             labels = val.targets[index].masked_fill(torch.tensor(rows)[:, None] < 0, IGNORE_INDEX)
-            batch = (val.inputs[index], labels, *val.batch(index)[2:])
+            inputs, _, *positions = val.batch(index)
+            batch = (inputs, labels, *positions)
             sums[0] += model(*(t.to(env.device) for t in batch)).double()
             sums[1] += (labels != IGNORE_INDEX).sum().item()
     dist.all_reduce(sums)

@@ -195,7 +195,8 @@ def parallelize_model(cfg: JobConfig, model: nn.Module, env: DistEnv,
     mixed precision at world size 1) -> storage for this rank's shards (uninitialised)."""
     set_sdpa_backend(cfg.model.sdpa_backend, env.device)
     install_loss_forward(model, fused=cfg.model.loss == "fused",
-                         document_mask=use_document_mask(cfg.model.packed_attention, env.device))
+                         document_mask=use_document_mask(cfg.model.packed_attention, env.device,
+                                                         cfg.parallel.compile))
     mesh = build_mesh(cfg.parallel, env)
     parallel = parallelize(model, cfg.parallel, mesh,
                            compute_dtype(cfg.model.precision, env.device),
@@ -399,8 +400,8 @@ def run_description(cfg: JobConfig, env: DistEnv, model: nn.Module, parallel: Pa
         "run/sharding": parallel.strategy(cfg.parallel.sharding),
         "run/activation_checkpointing": cfg.parallel.activation_checkpointing,
         "run/compile": cfg.parallel.compile, "run/sdpa_backend": cfg.model.sdpa_backend,
-        "run/packed_attention": ("flex" if use_document_mask(cfg.model.packed_attention,
-                                                             env.device) else "sdpa"),
+        "run/packed_attention": ("flex" if use_document_mask(cfg.model.packed_attention, env.device,
+                                                             cfg.parallel.compile) else "sdpa"),
         "run/loss": cfg.model.loss, "run/precision": cfg.model.precision,
         "run/flops_per_token": flops_token,
         "run/torch": torch.__version__, "run/transformers": transformers.__version__,

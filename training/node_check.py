@@ -369,13 +369,15 @@ def model_shape(model: str) -> tuple[str, ModelShape | None]:
     if shape is not None:
         return model, shape
     config = Path(model).expanduser() / "config.json"
-    if config.is_file():
+    try:  # a config that is not a Llama's (or not JSON) falls back like an unknown model
         c = json.loads(config.read_text())
         return model, ModelShape(parameters=0, layers=c["num_hidden_layers"],
                                  hidden=c["hidden_size"], intermediate=c["intermediate_size"],
                                  heads=c["num_attention_heads"],
                                  kv_heads=c.get("num_key_value_heads", c["num_attention_heads"]),
                                  vocab=c["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
     return f"{FALLBACK_SHAPE} (the shape of {model} is unknown)", SHAPES[FALLBACK_SHAPE]
 
 

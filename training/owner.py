@@ -85,11 +85,11 @@ class DirectoryOwner:
             age = time.time() - self.path.stat().st_mtime
         except FileNotFoundError:  # released meanwhile
             owner, age = {}, float("inf")
-        except (OSError, ValueError):
-            owner, age = {}, time.time() - self.path.stat().st_mtime
+        except (OSError, ValueError):  # being written, or damaged: its age decides
+            owner, age = {}, _age(self.path)
         same_job = self.me["run_id"] is not None and owner.get("run_id") == self.me["run_id"]
         dead_here = owner.get("host") == self.me["host"] and not _alive(int(owner.get("pid", -1)))
-        if not (same_job or dead_here or age > STALE_AFTER_S or not owner):
+        if not (same_job or dead_here or age > STALE_AFTER_S):
             raise UserError(
                 f"--checkpoint-dir {self.path.parent}: another run owns it ({_owner_summary(owner, age)})"
                 "; two runs writing one directory overwrite each other's checkpoints. Wait for "
@@ -121,3 +121,11 @@ class DirectoryOwner:
         self._stop.set()
         if self._ours():
             self.path.unlink(missing_ok=True)
+
+
+def _age(path: Path) -> float:
+    """Seconds since ``path`` was last written; a file gone meanwhile is infinitely old."""
+    try:
+        return time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return float("inf")

@@ -322,11 +322,6 @@ class Problem:
     value: Any
     fix: str
 
-    @classmethod
-    def located(cls, problem: training_config.Problem, key: str, value: Any) -> Problem:
-        """The training package's problem of a field, at the stack key that sets the field."""
-        return cls(key, value, problem.fix)
-
     def __str__(self) -> str:
         # A key in parentheses is not a config key (the stack's name): no namespace before it.
         key = self.key if self.key.startswith("(") else f"{NAMESPACE}:{self.key}"

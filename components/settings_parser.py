@@ -164,8 +164,7 @@ def _parse_training(raw: Mapping[str, Any], problems: list[Problem]) -> training
     try:
         return training_config.from_fields(values)
     except training_config.ConfigError as e:
-        problems.extend(Problem.located(dataclasses.replace(p, fix=_in_stack_terms(p.fix)),
-                                        _stack_key(p.key), values.get(p.key))
+        problems.extend(Problem(_stack_key(p.key), values.get(p.key), _in_stack_terms(p.fix))
                         for p in e.problems)
         return None
 

@@ -411,9 +411,9 @@ def delete_command(namespace: str, name: str) -> str:
 
 def node_check_command(namespace: str, name: str, max_nodes: int, timeout_s: int) -> str:
     """Create the one-off node check job from the stack output ``node_check_manifest``, wait until
-    it succeeded or failed, print rank 0's table, the job's end state, and delete the job (its
-    report stays in its run directory's metrics.jsonl). The GPUs must be free: its pods wait
-    while a training job holds them."""
+    it succeeded or failed, print rank 0's table, delete the job (its report stays in its run
+    directory's metrics.jsonl) and print its end state; the command's exit status is 0 only when
+    the check succeeded. The GPUs must be free: its pods wait while a training job holds them."""
     job = f"kubectl -n {namespace} get pytorchjob {name}"
     finished = job + " -o jsonpath='{.status.conditions[?(@.status==\"True\")].type}'"
     polls = (timeout_s + NODE_CHECK_GRACE_S) // NODE_CHECK_POLL_S
@@ -423,8 +423,8 @@ def node_check_command(namespace: str, name: str, max_nodes: int, timeout_s: int
         f"sleep {NODE_CHECK_POLL_S}; done; "
         f"kubectl -n {namespace} logs -l {RUN_LABEL}={name} -c {CONTAINER} --tail=-1 "
         f"--max-log-requests={max_nodes} | grep -F '[rank 0]'; "
-        f"{job} -o jsonpath='{{.status.conditions[-1].type}}{{\"\\n\"}}'; "
-        f"kubectl -n {namespace} delete pytorchjob {name}"
+        f"state=$({job} -o jsonpath='{{.status.conditions[-1].type}}{{\"\\n\"}}'); "
+        f"{delete_command(namespace, name)}; echo \"$state\"; [ \"$state\" = Succeeded ]"
     )
 
 

@@ -79,8 +79,10 @@ def _cluster_access_rules(s: Settings) -> list[Problem]:
     if not s.creates_cluster:
         changed = [(key, list(arns)) for key, arns in lists if arns]
         changed += [] if c.endpoint_public_access else [("cluster.endpointPublicAccess", False)]
+        changed += [("cluster.auditLog", True)] if c.audit_log else []
         problems += [Problem(key, value, "only for a cluster this stack creates: on an existing cluster manage "
-                             "its access entries and endpoint where it was created") for key, value in changed]
+                             "its access entries, endpoint and control-plane logs where it was created")
+                     for key, value in changed]
     return problems
 
 

@@ -87,7 +87,7 @@ def test_no_function_imports_a_project_module():
     assert graph()[1] == []
 
 
-def test_the_checks_see_a_cycle_and_a_hidden_import(tmp_path):
+def test_the_checks_see_a_cycle_and_a_hidden_import():
     """The walk itself: a two-module circle is found, and so is an import inside a function."""
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b", "a"]]
     func = ast.parse("def f():\n    from components import versions\n").body[0]

@@ -17,7 +17,6 @@ import pytest
 
 from components import settings_rules
 from components.planning import memory_fit
-from components.planning.hardware import PROFILES
 from components.planning.memory_fit import estimate, model_shape
 from tests.harness import job_settings, parse, raw_settings, settings_error
 from training.shapes import HUB_IDS, SHAPES, ModelShape

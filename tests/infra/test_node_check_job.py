@@ -119,7 +119,7 @@ echo "kubectl $*" >> "$CALLS"
 case "$*" in
   *"create -f -"*) cat > "$CREATED" ;;
   *"get pytorchjob"*"status==\\"True\\""*) echo "Created Running Succeeded" ;;
-  *"get pytorchjob"*"conditions[-1]"*) echo Succeeded ;;
+  *"get pytorchjob"*"conditions[-1]"*) echo "$END_STATE" ;;
   *logs*) printf '%s\\n' \\
     'worker-1/pytorch 10:00:01 [rank 8] WARNING a warning from another rank' \\
     'worker-0/pytorch 10:00:02 [rank 0] INFO node check: PASSED in 9.1 s, 16 ranks on 2 node(s)' \\
@@ -142,7 +142,8 @@ def test_the_check_command_creates_waits_prints_rank_0s_table_and_cleans_up(reco
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls"),
-           "CREATED": str(tmp_path / "created.json"), "PULUMI_ARGS": str(tmp_path / "pulumi_args")}
+           "CREATED": str(tmp_path / "created.json"), "PULUMI_ARGS": str(tmp_path / "pulumi_args"),
+           "END_STATE": "Succeeded"}
     out = subprocess.run(["bash", "-c", e[Export.NODE_CHECK_COMMAND]], env=env, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
@@ -154,3 +155,22 @@ def test_the_check_command_creates_waits_prints_rank_0s_table_and_cleans_up(reco
     calls = (tmp_path / "calls").read_text().splitlines()
     assert calls[-1] == f"kubectl -n {ns} delete pytorchjob {name}"
     assert any(c.startswith(f"kubectl -n {ns} logs -l fsdp-eks/run={name} -c pytorch") for c in calls)
+
+
+def test_the_check_command_fails_when_the_check_failed(recording: Recording, tmp_path: Path):
+    """A script that runs the exported command can tell a failed check from a passed one: a job
+    that ended Failed gives a non-zero status, after the job was deleted all the same."""
+    e = recording.exports
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pulumi").write_text("#!/bin/sh\necho '{}'\n")
+    (bin_dir / "kubectl").write_text(FAKE_KUBECTL)
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls"),
+           "CREATED": str(tmp_path / "created.json"), "END_STATE": "Failed"}
+    out = subprocess.run(["bash", "-c", e[Export.NODE_CHECK_COMMAND]], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode != 0
+    assert out.stdout.rstrip().endswith("Failed")
+    assert "delete pytorchjob" in (tmp_path / "calls").read_text()

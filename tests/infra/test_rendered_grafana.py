@@ -158,6 +158,7 @@ def test_grafana_loads_our_dashboard_and_a_prometheus_data_source(rendered: dict
     service = objects_of(rendered, KPS, "Service")[service_name]
     assert namespace == MONITORING_NAMESPACE and int(port) in {p["port"] for p in service["spec"]["ports"]}
     [server] = [o for o in rendered[KPS].objects if o["kind"] == "Prometheus"]
+    assert service["spec"].get("selector"), f"{service_name} selects no pod"
     assert service["spec"]["selector"].items() <= {"app.kubernetes.io/name": "prometheus",
                                                    "operator.prometheus.io/name": server["metadata"]["name"]}.items()
 

@@ -228,7 +228,9 @@ def test_bad_access_settings_are_named(cluster: dict, key: str, fix: str):
 
 def test_access_settings_on_an_existing_cluster_are_refused():
     config = raw_settings("p5")
-    config["cluster"] = {"existingClusterName": "shared", "adminRoleArns": [ADMIN], "endpointPublicAccess": False}
+    config["cluster"] = {"existingClusterName": "shared", "adminRoleArns": [ADMIN], "endpointPublicAccess": False,
+                         "auditLog": True}
     config["storage"] = {"existingClaimName": "checkpoints"}
     keys = {p.key for p in settings_error(config).problems}
-    assert {"cluster.adminRoleArns", "cluster.endpointPublicAccess"} <= keys
+    # Each is read only where the stack creates the cluster: on another it would silently do nothing.
+    assert {"cluster.adminRoleArns", "cluster.endpointPublicAccess", "cluster.auditLog"} <= keys

@@ -45,7 +45,7 @@ from torch.distributed.tensor import DTensor  # noqa: E402
 
 from training import hub, shapes, tiny  # noqa: E402
 from training.config import JobConfig, flag, parse_args  # noqa: E402
-from training.dist import DistEnv, init_distributed  # noqa: E402
+from training.dist import DistEnv, batch_to_device, init_distributed  # noqa: E402
 from training.dataset import PackedData, pack  # noqa: E402
 from training.errors import UserError  # noqa: E402
 from training.finetune import (build_model, run_description,  # noqa: E402
@@ -248,8 +248,7 @@ def _stepper(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, model: nn.M
         return rows.batch(torch.arange(b))
 
     def micro_batches():
-        return [tuple(t.to(env.device, non_blocking=True) for t in micro_batch())
-                for _ in range(cfg.train.grad_accum)]
+        return [batch_to_device(micro_batch(), env.device) for _ in range(cfg.train.grad_accum)]
 
     def step():
         return train_step(model, parallel, optimizer, scheduler, micro_batches(),

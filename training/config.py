@@ -32,6 +32,7 @@ ExportDtype = Literal["bf16", "fp32"]
 SdpaBackend = Literal["auto", "cudnn", "flash", "efficient"]
 LossImpl = Literal["fused", "plain"]
 PackedAttention = Literal["flex", "sdpa"]
+Float8Recipe = Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"]
 DataFormat = Literal["auto", "alpaca", "text", "prompt-completion", "chat", "fields"]
 
 
@@ -87,10 +88,16 @@ class ModelConfig(_Section):
 
     precision: Precision = "auto"
     """Compute precision: auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, or fp8 (bf16 plus
-    torchao float8 matmuls in the decoder blocks' linears, tensorwise dynamic scaling; the output
-    head stays bf16; about a third more tokens/s on H100/H200; needs torchao and a GPU with float8
-    units: not the A100). Master weights, gradient reductions and optimizer states are always
-    fp32."""
+    torchao float8 matmuls in the decoder blocks' linears, scaled as --float8-recipe says; the
+    output head stays bf16; about a third more tokens/s on H100/H200; needs torchao and a GPU
+    with float8 units: not the A100). Master weights, gradient reductions and optimizer states
+    are always fp32."""
+
+    float8_recipe: Float8Recipe = "tensorwise"
+    """With --precision fp8, torchao's scaling recipe: tensorwise (one scale per tensor; the
+    fastest, and the only one whose weights FSDP all-gathers in float8), rowwise (one scale per
+    row of each operand, powers of two) or rowwise_with_gw_hp (rowwise, with the weight
+    gradients' matmul kept in bf16). Speed and convergence of each: docs/performance.md."""
 
     sdpa_backend: SdpaBackend = "auto"
     """First choice of attention kernel on CUDA (the others stay as fallbacks): auto (torch's

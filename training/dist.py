@@ -139,6 +139,16 @@ def init_distributed(timeout_s: float | None = None) -> DistEnv:
                    local_world_size=local_world, device=device, slow_group=slow)
 
 
+def batch_to_device(batch, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A batch's tensors on `device`, copied without the host waiting for the GPU: on CUDA from
+    page-locked memory, so the copy is queued like a kernel. From pageable memory the driver may
+    wait for the stream to drain before it stages the copy, and the GPU then idles while the
+    host queues the next step's first kernels."""
+    if device.type != "cuda":
+        return tuple(t.to(device) for t in batch)
+    return tuple(t.pin_memory().to(device, non_blocking=True) for t in batch)
+
+
 def all_sum(value: float | int, device: torch.device) -> float:
     """Sum a Python number over all ranks."""
     t = torch.tensor(float(value), dtype=torch.float64, device=device)

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from training.dataset import IGNORE_INDEX, PackedData, StepSampler, eval_rows
-from training.dist import DistEnv
+from training.dist import DistEnv, batch_to_device
 from training.metrics import eval_metrics
 
 log = logging.getLogger("training")
@@ -29,7 +29,7 @@ def evaluate(model: nn.Module, val: PackedData, batch_size: int, env: DistEnv) -
             labels = val.targets[index].masked_fill(torch.tensor(rows)[:, None] < 0, IGNORE_INDEX)
             inputs, _, *positions = val.batch(index)
             batch = (inputs, labels, *positions)
-            sums[0] += model(*(t.to(env.device) for t in batch)).double()
+            sums[0] += model(*batch_to_device(batch, env.device)).double()
             sums[1] += (labels != IGNORE_INDEX).sum().item()
     dist.all_reduce(sums)
     model.train()

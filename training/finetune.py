@@ -39,7 +39,8 @@ from training.dataset import (
     pack_records,
     prepare,
 )
-from training.dist import DistEnv, all_sum, check_locked_memory, init_distributed
+from training.dist import (DistEnv, all_sum, batch_to_device, check_locked_memory,
+                           init_distributed)
 from training.errors import OOM_ADVICE, UserError
 from training.evaluation import Evaluator
 from training.export import export_hf
@@ -196,11 +197,13 @@ def parallelize_model(cfg: JobConfig, model: nn.Module, env: DistEnv,
     set_sdpa_backend(cfg.model.sdpa_backend, env.device)
     install_loss_forward(model, fused=cfg.model.loss == "fused",
                          document_mask=use_document_mask(cfg.model.packed_attention, env.device,
-                                                         cfg.parallel.compile))
+                                                         cfg.parallel.compile),
+                         compiled=cfg.parallel.compile and env.device.type == "cuda")
     mesh = build_mesh(cfg.parallel, env)
     parallel = parallelize(model, cfg.parallel, mesh,
                            compute_dtype(cfg.model.precision, env.device),
-                           fp8=cfg.model.precision == "fp8",
+                           float8_recipe=(cfg.model.float8_recipe
+                                          if cfg.model.precision == "fp8" else None),
                            fsdp_at_world_1=fsdp_at_world_1)
     allocate(model, env.device)
     return mesh, parallel
@@ -337,7 +340,7 @@ class _Run:
 def _micro_batches(run: _Run, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
     indices, run.state.epoch, run.state.offset = run.sampler.next_step(run.state.epoch,
                                                                        run.state.offset)
-    return [tuple(t.to(device, non_blocking=True) for t in run.data.batch(i)) for i in indices]
+    return [batch_to_device(run.data.batch(i), device) for i in indices]
 
 
 def _step(cfg: JobConfig, run: _Run, step: int, flops_token: float, peak: float | None,
@@ -403,6 +406,7 @@ def run_description(cfg: JobConfig, env: DistEnv, model: nn.Module, parallel: Pa
         "run/packed_attention": ("flex" if use_document_mask(cfg.model.packed_attention, env.device,
                                                              cfg.parallel.compile) else "sdpa"),
         "run/loss": cfg.model.loss, "run/precision": cfg.model.precision,
+        "run/float8_recipe": cfg.model.float8_recipe if cfg.model.precision == "fp8" else "none",
         "run/flops_per_token": flops_token,
         "run/torch": torch.__version__, "run/transformers": transformers.__version__,
     }

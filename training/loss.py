@@ -35,32 +35,48 @@ CHUNK_ELEMENTS = 2**27
 """Logits per chunk of the fused loss (512 MiB in fp32): 4,194 tokens at a 32,000 vocabulary."""
 
 
+def chunk_loss_and_grad(logits: torch.Tensor, labels: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk's summed cross-entropy and its gradient with respect to the logits (softmax -
+    one-hot, zero on ignored targets), computed in fp32 and returned in the logits' dtype as
+    autograd would. In place, so the eager path holds one fp32 copy of the chunk and its one-hot; compiled
+    (`compile_chunk_loss`) the upcast, the log-sum-exp and the gradient are two kernels that read
+    the bf16 logits instead of a dozen passes over their fp32 copy."""
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1)
+    valid = labels != IGNORE_INDEX
+    target = labels.clamp(min=0).unsqueeze(1)
+    loss = ((lse - x.gather(1, target).squeeze(1)) * valid).sum()
+    grad = x.sub_(lse.unsqueeze(1)).exp_()
+    grad.sub_((torch.arange(x.shape[1], device=x.device) == target).to(x.dtype))  # one-hot
+    grad.mul_(valid.unsqueeze(1))
+    return loss, grad.to(logits.dtype)
+
+
+def compile_chunk_loss():
+    """`chunk_loss_and_grad` compiled as the fused loss runs it when the model's layers are
+    compiled on CUDA: the whole graph or an error, sizes symbolic so that every chunk size (the
+    last chunk, evaluation batches) shares one kernel."""
+    return torch.compile(chunk_loss_and_grad, dynamic=True, fullgraph=True)
+
+
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     """sum over valid tokens of CE(hidden @ weight.T, labels); gradients computed in forward."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                chunk: int) -> torch.Tensor:
+                chunk: int, chunk_loss) -> torch.Tensor:
         n = hidden.shape[0]
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for start in range(0, n, chunk):
             h = hidden[start:start + chunk]
-            y = labels[start:start + chunk]
-            logits = (h @ weight.t()).float()                        # [c, V] fp32
-            lse = torch.logsumexp(logits, dim=-1)                    # [c]
-            valid = y != IGNORE_INDEX
-            target = y.clamp(min=0).unsqueeze(1)
-            picked = logits.gather(1, target).squeeze(1)
-            loss += ((lse - picked) * valid).sum()
-            grad = logits.sub_(lse.unsqueeze(1)).exp_()             # softmax, in place
-            grad.scatter_add_(1, target, torch.full_like(picked, -1.0).unsqueeze(1))
-            grad.mul_(valid.unsqueeze(1))
-            grad = grad.to(hidden.dtype)
-            grad_hidden[start:start + chunk] = grad @ weight
-            grad_weight += (grad.t() @ h).float()
-            del logits, grad
+            chunk_sum, grad = chunk_loss(h @ weight.t(), labels[start:start + chunk])
+            loss += chunk_sum
+            torch.mm(grad, weight, out=grad_hidden[start:start + chunk])
+            grad_weight += grad.t() @ h  # summed in fp32 (type promotion: no fp32 copy)
+            del grad
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
         return loss
 
@@ -68,21 +84,23 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss: torch.Tensor):
         grad_hidden, grad_weight = ctx.saved_tensors
         scale = grad_loss.to(grad_hidden.dtype)
-        return grad_hidden * scale, grad_weight * scale, None, None
+        return grad_hidden * scale, grad_weight * scale, None, None, None
 
 
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor,
-                               labels: torch.Tensor) -> torch.Tensor:
-    """Summed cross-entropy of `hidden @ weight.T` against `labels` (any leading shape)."""
+                               labels: torch.Tensor, chunk_loss=chunk_loss_and_grad
+                               ) -> torch.Tensor:
+    """Summed cross-entropy of `hidden @ weight.T` against `labels` (any leading shape), in
+    chunks of equal size (at most CHUNK_ELEMENTS logits each)."""
     h = hidden.reshape(-1, hidden.shape[-1])
     y = labels.reshape(-1)
-    chunk = max(1, CHUNK_ELEMENTS // weight.shape[0])
-    return _FusedLinearCrossEntropy.apply(h, weight, y, chunk)
+    chunks = max(1, -(-h.shape[0] * weight.shape[0] // CHUNK_ELEMENTS))
+    return _FusedLinearCrossEntropy.apply(h, weight, y, -(-h.shape[0] // chunks), chunk_loss)
 
 
 def _loss_forward(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor,
                   position_ids: torch.Tensor | None = None, *, fused: bool,
-                  document_mask: bool) -> torch.Tensor:
+                  document_mask: bool, chunk_loss) -> torch.Tensor:
     # Position ids that restart per packed document: a block-causal BlockMask for FlexAttention
     # (training/attention.py), or, without one, transformers builds a dense block-diagonal
     # causal mask for SDPA (training/dataset.py's docstring). No cache, so none is built.
@@ -92,19 +110,22 @@ def _loss_forward(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tenso
                          use_cache=False).last_hidden_state
     head = model.get_output_embeddings()
     if fused:
-        return fused_linear_cross_entropy(hidden, head.weight, labels)
+        return fused_linear_cross_entropy(hidden, head.weight, labels, chunk_loss)
     logits = head(hidden)
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
                            ignore_index=IGNORE_INDEX, reduction="sum")
 
 
-def install_loss_forward(model: nn.Module, fused: bool, document_mask: bool = False) -> None:
+def install_loss_forward(model: nn.Module, fused: bool, document_mask: bool = False,
+                         compiled: bool = False) -> None:
     """Make `model(input_ids, labels[, position_ids])` return the summed token loss (see the module docstring).
     `document_mask`: packed rows (position ids given) attend block-causally through FlexAttention
-    (`attention.use_document_mask`).
+    (`attention.use_document_mask`). `compiled`: the fused loss's per-chunk arithmetic runs
+    compiled (`compile_chunk_loss`; for CUDA runs whose layers are compiled).
 
     An attribute on the instance, so parameter names, state_dict keys and checkpoints are those
     of the Hugging Face model; `nn.Module.__call__` still runs the hooks FSDP2 registers.
     """
-    model.forward = functools.partial(_loss_forward, model, fused=fused,
-                                      document_mask=document_mask)
+    model.forward = functools.partial(
+        _loss_forward, model, fused=fused, document_mask=document_mask,
+        chunk_loss=compile_chunk_loss() if compiled else chunk_loss_and_grad)

@@ -89,22 +89,24 @@ def build_mesh(cfg: ParallelConfig, env: DistEnv) -> DeviceMesh:
     return init_device_mesh(kind, (world // shard, shard), mesh_dim_names=("replicate", "shard"))
 
 
-def apply_float8(model: nn.Module, fsdp_all_gather: bool = False) -> int:
-    """Swap the decoder blocks' nn.Linear for torchao's Float8Linear (tensorwise dynamic
-    scaling: each matmul's operands are scaled to float8 by their current absolute maximum).
-    The output head (and the embedding) stay in bf16, as torchao and torchtitan recommend: the
-    head's 32k-wide output is where float8's range is least safe and it is 2 % of the matmul
-    work. On the meta device, before AC, compile and fully_shard.
+def apply_float8(model: nn.Module, recipe: str = "tensorwise",
+                 fsdp_all_gather: bool = False) -> int:
+    """Swap the decoder blocks' nn.Linear for torchao's Float8Linear with `recipe`'s dynamic
+    scaling (each matmul's operands are scaled to float8 by their current absolute maximum: per
+    tensor, or per row). The output head (and the embedding) stay in bf16, as torchao and
+    torchtitan recommend: the head's 32k-wide output is where float8's range is least safe and
+    it is 2 % of the matmul work. On the meta device, before AC, compile and fully_shard.
 
-    `fsdp_all_gather` (world size > 1): FSDP all-gathers the float8 weights instead of bf16
-    (half the bytes) with scales computed for all weights at once after each optimizer step
-    (`float8_post_step`), as torchtitan does for tensorwise scaling."""
+    `fsdp_all_gather` (world size > 1, tensorwise only: torchao has no float8 all-gather for
+    row scales): FSDP all-gathers the float8 weights instead of bf16 (half the bytes) with
+    scales computed for all weights at once after each optimizer step (`float8_post_step`), as
+    torchtitan does for tensorwise scaling."""
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
         raise UserError("--precision fp8 needs torchao (pip install torchao)") from None
-    config = Float8LinearConfig.from_recipe_name("tensorwise")
-    if fsdp_all_gather:
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    if fsdp_all_gather and recipe == "tensorwise":
         config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
     layers = decoder_layers(model)
     converted = 0
@@ -284,14 +286,16 @@ class Parallelism:
 
 
 def parallelize(model: nn.Module, cfg: ParallelConfig, mesh: DeviceMesh,
-                param_dtype: torch.dtype, fp8: bool = False,
+                param_dtype: torch.dtype, float8_recipe: str | None = None,
                 fsdp_at_world_1: bool = False) -> Parallelism:
-    """Apply float8, AC, compile and FSDP2 (or, on a mesh of one process, local mixed
-    precision) to a meta-device model; returns what it did (modules wrapped per kind, the
-    path). `fsdp_at_world_1` keeps fully_shard on one process (benchmarks compare the two)."""
+    """Apply float8 (when a `float8_recipe` is given), AC, compile and FSDP2 (or, on a mesh of
+    one process, local mixed precision) to a meta-device model; returns what it did (modules
+    wrapped per kind, the path). `fsdp_at_world_1` keeps fully_shard on one process (benchmarks
+    compare the two)."""
     wrapped = {}
-    if fp8:
-        wrapped["float8_linears"] = apply_float8(model, fsdp_all_gather=mesh.size() > 1)
+    if float8_recipe is not None:
+        wrapped["float8_linears"] = apply_float8(model, float8_recipe,
+                                                 fsdp_all_gather=mesh.size() > 1)
     layers = decoder_layers(model)
     if cfg.activation_checkpointing != "none":
         wrapped["activation_checkpointing"] = apply_activation_checkpointing(

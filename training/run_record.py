@@ -9,8 +9,8 @@ changed global batch (world size x --batch-size x --grad-accum) takes the next r
 order, so each row is still seen once per epoch; the step then averages another number of
 sequences (a warning). Learning rate, warm-up, the cosine's floor and weight decay live in the
 optimizer's and schedule's saved state, so the checkpoint's values continue and a new value is
-not used (a warning that says so); --max-grad-norm and --precision apply from the next step (a
-warning). Length settings (--epochs, --max-steps) and cadences change silently: they are meant
+not used (a warning that says so); --max-grad-norm, --precision and --float8-recipe apply from
+the next step (a warning). Length settings (--epochs, --max-steps) and cadences change silently: they are meant
 to. A different model shape does not load (checkpoint.py's error).
 """
 
@@ -26,7 +26,7 @@ DATA_SETTINGS = ("dataset", "dataset_split", "data_format", "prompt_field", "res
 BATCH_SETTINGS = ("world_size", "batch_size", "grad_accum")
 RESTORED_SETTINGS = ("learning_rate", "warmup_steps", "min_lr_ratio", "weight_decay")
 """Saved in the optimizer's and schedule's state: the checkpoint's value continues."""
-APPLIED_SETTINGS = ("max_grad_norm", "precision", "model")
+APPLIED_SETTINGS = ("max_grad_norm", "precision", "float8_recipe", "model")
 
 
 def data_fingerprint(inputs, targets) -> dict:

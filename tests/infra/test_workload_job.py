@@ -122,7 +122,7 @@ def test_efa_and_gpu_counts_follow_the_job_when_set():
 
 EVERY_TRAINING_FIELD_CHANGED = {
     "model": "org/some-model", "cache_dir": "/elsewhere", "precision": "fp8", "sdpa_backend": "cudnn",
-    "packed_attention": "sdpa",
+    "packed_attention": "sdpa", "float8_recipe": "rowwise",
     "loss": "plain", "dataset": "data/train.jsonl", "dataset_split": "validation",
     "data_format": "fields", "prompt_field": "question", "response_field": "answer",
     "prompt_template": "{context}\n\nQ: {question}\nA: ", "val_fraction": 0.1,

@@ -84,3 +84,61 @@ def test_fp8_on_a_gpu_without_float8_matmuls_is_refused_first(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda _: (9, 0))
     check_precision("fp8", gpu)
     check_precision("fp8", torch.device("cpu"))
+
+
+
+def _tiny_float8_model(recipe: str, fsdp_all_gather: bool):
+    from transformers import LlamaConfig
+
+    from training import tiny
+    from training.model import meta_model_from_config
+    from training.parallel import apply_float8
+
+    model = meta_model_from_config(LlamaConfig(**tiny.LLAMA_KWARGS))
+    converted = apply_float8(model, recipe, fsdp_all_gather=fsdp_all_gather)
+    return model, converted
+
+
+@pytest.mark.parametrize("recipe,granularity,fsdp_all_gather", [
+    ("tensorwise", "TENSORWISE", True),
+    ("rowwise", "AXISWISE", False),
+    ("rowwise_with_gw_hp", "AXISWISE", False),
+])
+def test_float8_recipe_sets_the_scaling_and_the_all_gather(recipe, granularity, fsdp_all_gather):
+    """Checked against torchao's recipes: --float8-recipe reaches every float8 linear of the
+    tiny model (14: its input scaling per tensor or per row), FSDP all-gathers float8 weights
+    only for tensorwise (torchao has none for row scales), and the post-step scale hook exists
+    exactly when it does."""
+    from training.parallel import float8_post_step
+
+    model, converted = _tiny_float8_model(recipe, fsdp_all_gather=True)
+    linears = [m for m in model.modules() if type(m).__name__ == "Float8Linear"]
+    assert converted == len(linears) == 14
+    assert {m.config.cast_config_input.scaling_granularity.name for m in linears} == {granularity}
+    assert {m.config.enable_fsdp_float8_all_gather for m in linears} == {fsdp_all_gather}
+    assert (float8_post_step(model) is not None) == fsdp_all_gather
+
+
+def test_row_scales_keep_the_rows_beside_an_outlier():
+    """Checked against the exact product: one input row 100,000 x larger than the others pushes
+    the others into float8's subnormals under one scale per tensor, not under one per row, so
+    a rowwise linear's output for those rows is several times closer (the recipe's scales are
+    really in the matmul)."""
+    import torch
+
+    from training.model import allocate, init_random_
+
+    errors = {}
+    for recipe in ("tensorwise", "rowwise"):
+        model, _ = _tiny_float8_model(recipe, fsdp_all_gather=False)
+        allocate(model, torch.device("cpu"))
+        init_random_(model, 0)
+        layer = next(m for m in model.modules() if type(m).__name__ == "Float8Linear")
+        layer = layer.to(torch.bfloat16)
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(16, layer.in_features, generator=gen).bfloat16()
+        x[0] *= 100_000
+        exact = (x.float() @ layer.weight.float().t())[1:]
+        errors[recipe] = float((layer(x).float()[1:] - exact).abs().mean() / exact.abs().mean())
+    assert errors["rowwise"] < 0.1
+    assert errors["tensorwise"] > 3 * errors["rowwise"]

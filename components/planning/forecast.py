@@ -3,7 +3,8 @@
 Speed: the MFU measured on 2 x H200 for the job's kind of step (docs/performance.md: Llama-2-7B,
 compile per block, FULL_SHARD, batch 3: 56.2 % without activation checkpointing, 46.0 % with full
 checkpointing; 48.4 % for 13B with selective; eager steps 0.774 of compiled ones, measured at
-full AC; float8 linears 1.307 x bf16, measured without AC; the dense-mask attention of packed
+full AC; float8 linears 1.307 x bf16, measured without AC, times the recipe's speed beside
+tensorwise measured on one H200; the dense-mask attention of packed
 rows, ``packedAttention: sdpa``, 0.842 x, measured on one H200 with documents of 200-400 tokens:
 FlexAttention's packed rows run at least at the plain rate), times the profile's bf16 peak, over
 the model's FLOPs per token (docs/design.md#measuring-speed), is one node's tokens/s per GPU (the A100 is
@@ -28,7 +29,11 @@ MEASURED_MFU = {"none": 0.562, "full": 0.460, "selective": 0.484}
 EAGER_FACTOR = 7643 / 9881
 """Eager over compiled tokens/s, full AC, 7B, 2 x H200."""
 FLOAT8_FACTOR = 15766 / 12065
-"""float8 linears over bf16 tokens/s, no AC, compile, FULL_SHARD, 7B, 2 x H200."""
+"""float8 linears (tensorwise) over bf16 tokens/s, no AC, compile, FULL_SHARD, 7B, 2 x H200."""
+FLOAT8_RECIPE_FACTOR = {"tensorwise": 1.0, "rowwise": 29314 / 34001,
+                        "rowwise_with_gw_hp": 29789 / 34001}
+"""Each float8 recipe over tensorwise tokens/s: 16 layers of the 7B shape, no AC, compile, one
+H200, same call (docs/benchmarks/h200-loss/call1)."""
 PACKED_SDPA_FACTOR = 21113 / 25087
 """Packed rows (about 13 documents of 200-400 tokens per row of 4,096) on the dense-mask SDPA
 path over plain causal rows, 16 layers of the 7B shape, no AC, compile, one H200, same call
@@ -60,7 +65,7 @@ def forecast(shape: ModelShape, job: training_config.JobConfig, profile: Hardwar
     if not job.parallel.compile:
         mfu *= EAGER_FACTOR
     if job.model.precision == "fp8":
-        mfu *= FLOAT8_FACTOR
+        mfu *= FLOAT8_FACTOR * FLOAT8_RECIPE_FACTOR[job.model.float8_recipe]
     if job.model.packed_attention == "sdpa":
         mfu *= PACKED_SDPA_FACTOR
     seq = job.data.seq_len

@@ -147,6 +147,7 @@ def estimate(
     compile: bool = False,
     loss: str = "fused",
     precision: str = "bf16",
+    float8_recipe: str = "tensorwise",
     packed_attention: str = "flex",
 ) -> MemoryEstimate:
     """Per-GPU memory of a configuration (the formula of the module docstring)."""
@@ -161,7 +162,10 @@ def estimate(
     per_layer = 2 * (6 * shape.hidden + 2 * shape.kv_width + 4 * shape.intermediate) * tokens
     if compile:
         per_layer *= COMPILED_ACTIVATION_FACTOR
-    if precision == "fp8":
+    if precision == "fp8" and float8_recipe != "rowwise_with_gw_hp":
+        # rowwise_with_gw_hp keeps the linears' bf16 inputs for its bf16 weight-gradient matmul:
+        # the same stored activations as bf16 (71.8 GiB peak for both, 16 layers of the 7B
+        # shape, one H200, docs/benchmarks/h200-loss/call1)
         per_layer *= FLOAT8_ACTIVATION_FACTOR
     layer_input = 2 * shape.hidden * tokens
     if activation_checkpointing == "none":

@@ -20,7 +20,7 @@ def _job_estimate(shape: ModelShape, job: JobSettings, profile: HardwareProfile,
         "nodes": _min_nodes(job),
         "gpus_per_node": gpus_per_node(job, profile),
         **{k: t[k] for k in ("sharding", "batch_size", "seq_len", "activation_checkpointing", "compile",
-                             "loss", "precision", "packed_attention")},
+                             "loss", "precision", "float8_recipe", "packed_attention")},
     }
     params.update(changes)
     return memory_fit.estimate(shape, **params)

@@ -60,3 +60,21 @@ def test_every_committed_stack_prints_time_and_money(stack):
     line = preview_line(parse(raw_settings(stack)))
     assert line and "tokens/s per GPU" in line
     assert f"{profile.instance_type} at ${profile.usd_per_hour:,.2f}/h {profile.price_basis} = $" in line
+
+
+def test_float8_recipes_are_forecast_at_their_measured_speed():
+    """Checked against the one-H200 call (docs/benchmarks/h200-loss/call1: 16 layers of the 7B
+    shape, no AC, compile): each recipe's tokens/s over tensorwise's, read from its JSON."""
+    import json
+    from pathlib import Path
+
+    call = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "h200-loss" / "call1"
+    speed = {json.loads(p.read_text())["tag"]: json.loads(p.read_text())["perf/tokens_per_s_per_gpu"]
+             for p in call.glob("ours-16l-fp8*.json")}
+    p5 = PROFILES["p5"]
+    base = ("--activation-checkpointing", "none", "--compile", "--precision", "fp8")
+    tensorwise = forecast(SEVEN, job(*base), p5, 1, 8).tokens_per_s_per_gpu
+    for recipe in ("rowwise", "rowwise_with_gw_hp"):
+        f = forecast(SEVEN, job(*base, "--float8-recipe", recipe), p5, 1, 8)
+        assert f.tokens_per_s_per_gpu / tensorwise == pytest.approx(
+            speed[f"ours-16l-fp8-{recipe}"] / speed["ours-16l-fp8"], rel=1e-3)

@@ -28,7 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from training import faults, hub
-from training.attention import use_document_mask
+from training.attention import check_no_attention_dropout, use_document_mask
 from training.checkpoint import EVAL_LOSS_KEY, Checkpointer, TrainerState
 from training.config import JobConfig, flag, parse_args
 from training.dataset import (
@@ -225,6 +225,8 @@ def build_model(cfg: JobConfig, model_dir: Path, env: DistEnv) -> tuple[nn.Modul
     load weights; and what `parallelize` did to it."""
     model = build_meta_model(model_dir)
     _warn_beyond_context(cfg.data.seq_len, model.config)
+    check_no_attention_dropout(use_document_mask(cfg.model.packed_attention, env.device,
+                                                 cfg.parallel.compile), model.config)
     mesh, parallel = parallelize_model(cfg, model, env)
     started = time.perf_counter()
     read = all_sum(load_weights(model, model_dir), env.device)

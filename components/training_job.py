@@ -298,10 +298,11 @@ def _pod_template(
     }
 
 
-def _elastic_policy(job: JobSettings, rdzv_host: str | None) -> dict:
+def _elastic_policy(job: JobSettings, rdzv_host: str | None, restarts: int) -> dict:
+    """``restarts``: torchrun's restarts of the worker group (PET_MAX_RESTARTS)."""
     lo, hi = job_node_bounds(job)
     policy = {"rdzvBackend": job.rdzv_backend, "minReplicas": lo, "maxReplicas": hi,
-              "maxRestarts": job.max_restarts, "rdzvId": RUN}
+              "maxRestarts": restarts, "rdzvId": RUN}
     if job.rdzv_backend == "c10d":
         policy["rdzvPort"] = C10D_PORT  # host unset: the operator uses <job>-worker-0
     else:
@@ -349,7 +350,7 @@ def pytorchjob_manifest(
         "metadata": {"name": RUN, "namespace": namespace,
                      "labels": {**LABELS, **(CHECK_LABELS if check_only else {})}},
         "spec": {
-            "elasticPolicy": {**_elastic_policy(job, rdzv_host), "maxRestarts": restarts},
+            "elasticPolicy": _elastic_policy(job, rdzv_host, restarts),
             "nprocPerNode": str(gpus_per_node(job, profile)),
             "runPolicy": {
                 # Running pods of a finished or failed job go (freeing GPUs); finished pods stay

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from training.errors import UserError
+
 PACKED_ATTENTION = "packed_flex_sdpa"
 """The attention implementation the package builds its models with (see the module docstring)."""
 
@@ -96,6 +98,19 @@ def use_document_mask(choice: str, device: torch.device, compiled: bool) -> bool
     return choice == "flex" and device.type == "cuda" and compiled
 
 
+def check_no_attention_dropout(document_mask: bool, config) -> None:
+    """FlexAttention has no dropout: on its path (``document_mask``, `use_document_mask`) a
+    model config with attention dropout is refused when the model is built, not at the first
+    forward (after the weights are loaded and the layers compiled)."""
+    dropout = getattr(config, "attention_dropout", 0.0)
+    if document_mask and dropout:
+        raise UserError(
+            f"--packed-attention flex: the model's config.json sets attention_dropout {dropout}, "
+            "which FlexAttention cannot apply; use --packed-attention sdpa (a dense mask, "
+            "dropout applied), or a model directory whose config.json sets attention_dropout "
+            "to 0")
+
+
 def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                      **kwargs):
     """transformers' attention-function signature: FlexAttention for a `BlockMask`, else
@@ -106,7 +121,7 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
     if not isinstance(attention_mask, BlockMask):
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       scaling=scaling, dropout=dropout, **kwargs)
-    if dropout and module.training:
+    if dropout and module.training:  # an architecture whose dropout is not attention_dropout
         raise ValueError("--packed-attention flex does not support attention dropout; the "
                          "model's config sets it")
     out = flex_attention(query, key, value, block_mask=attention_mask, scale=scaling,

@@ -17,15 +17,16 @@ COMPLETE marker (holding the manifest's own checksum), fsyncs, and renames the d
 final name in one atomic rename. A process killed at any point before that rename leaves only a
 `.tmp` directory, which resume ignores and the next save deletes.
 
-Resume (``Checkpointer.resume``) takes the newest complete checkpoint, verifies it (every file
-of the manifest present with its size and CRC32; the work is split over the ranks, so each
-rank reads about 1/world of the checkpoint once), and loads it. A checkpoint that fails, or
-whose DCP load fails without a manifest to vouch for it, is moved aside as ``damaged.*`` with a
-warning naming what is wrong, and the next older complete one is tried: a run never starts
-from step 0 while a sound checkpoint exists. A checkpoint that verifies but does not load is
-not damaged: the model or config differs from the run that wrote it, which is the user's to
-fix (an error, nothing moved). Every decision is taken from collectives, so it is the same on
-all ranks.
+Resume (``Checkpointer.resume``) takes the newest complete checkpoint, compares the run that
+wrote it (its RUN.json) with this one before reading any shard (a changed data order is refused
+there, training/run_record.py), verifies it (every file of the manifest present with its size
+and CRC32; the work is split over the ranks, so each rank reads about 1/world of the checkpoint
+once), and loads it. A checkpoint that fails, or whose DCP load fails without a manifest to
+vouch for it, is moved aside as ``damaged.*`` with a warning naming what is wrong, and the next
+older complete one is tried: a run never starts from step 0 while a sound checkpoint exists. A
+checkpoint that verifies but does not load is not damaged: the model or config differs from the
+run that wrote it, which is the user's to fix (an error, nothing moved). Every decision is taken
+from collectives, so it is the same on all ranks.
 
 Checksum: CRC32 (zlib, in the standard library; 2.8 GiB/s on one core of this repository's CI
 machine against 0.58 GiB/s for SHA-256; it releases the GIL, so hashing in the background
@@ -62,6 +63,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from training.dist import DistEnv
 from training.errors import UserError
+from training.run_record import compare
 
 log = logging.getLogger(__name__)
 
@@ -302,6 +304,7 @@ class Checkpointer:
         dist.broadcast_object_list(found, src=0)
         damaged: list[str] = []
         for step, path in reversed(found[0]):
+            self._refuse_another_run(step, path)
             problems = self.verify(path)
             if problems is None:  # verified
                 self._load_verified(path, model, optimizer, trainer)
@@ -323,6 +326,24 @@ class Checkpointer:
                         f"falling back to step {older[-1]}" if older else
                         "no older complete checkpoint: starting from step 0")
         return None
+
+    def _refuse_another_run(self, step: int, path: Path) -> None:
+        """Compare the run that wrote ``path`` with this one (training/run_record.py): refuse
+        a changed data order, warn of the other changes. Before the verification and the
+        load, which read all of its shards (100+ GB on a large model), for a refusal."""
+        if self.run_record is None:
+            return
+        old = self.run_record_of(path)
+        if old is None:
+            log.warning("checkpoint %s has no %s (an older version wrote it): what this run "
+                        "changes against it is not checked", path, RUN_RECORD)
+            return
+        refused, warnings = compare(old, self.run_record, step)
+        if refused:
+            raise UserError(f"--checkpoint-dir {self.root}: cannot resume {path.name}: "
+                            + "; ".join(refused))
+        for warning in warnings:
+            log.warning("resuming %s: %s", path.name, warning)
 
     def _set_aside_unreadable(self, older: list[Path]) -> None:
         """Set aside the older checkpoints whose marker or manifest cannot be read (what

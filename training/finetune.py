@@ -28,8 +28,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from training import faults, hub
-from training.attention import use_document_mask
-from training.checkpoint import EVAL_LOSS_KEY, RUN_RECORD, Checkpointer, TrainerState
+from training.attention import check_no_attention_dropout, use_document_mask
+from training.checkpoint import EVAL_LOSS_KEY, Checkpointer, TrainerState
 from training.config import JobConfig, flag, parse_args
 from training.dataset import (
     IGNORE_INDEX,
@@ -67,7 +67,7 @@ from training.parallel import (
     parallelize,
 )
 from training.reporting import MetricsLogger
-from training.run_record import compare, data_fingerprint, run_record
+from training.run_record import data_fingerprint, run_record
 
 log = logging.getLogger("training")
 
@@ -228,6 +228,8 @@ def build_model(cfg: JobConfig, model_dir: Path, env: DistEnv) -> tuple[nn.Modul
     load weights; and what `parallelize` did to it."""
     model = build_meta_model(model_dir)
     _warn_beyond_context(cfg.data.seq_len, model.config)
+    check_no_attention_dropout(use_document_mask(cfg.model.packed_attention, env.device,
+                                                 cfg.parallel.compile), model.config)
     mesh, parallel = parallelize_model(cfg, model, env)
     started = time.perf_counter()
     read = all_sum(load_weights(model, model_dir), env.device)
@@ -289,23 +291,11 @@ def _build_checkpointer(cfg: JobConfig, env: DistEnv, data: PackedData,
 
 def _resume(ckpt: Checkpointer | None, model: nn.Module, optimizer: torch.optim.Optimizer,
             state: TrainerState) -> None:
-    """Load the latest complete checkpoint, if there is one, and check what this run changes
-    against the run that wrote it (training/run_record.py)."""
+    """Load the latest complete checkpoint, if there is one, once the checkpointer has
+    checked what this run changes against the run that wrote it."""
     latest = ckpt.resume(model, optimizer, state) if ckpt else None
-    if latest is None:
-        return
-    log.info("resumed from %s (step %d, epoch %d)", latest, state.step, state.epoch)
-    old = ckpt.run_record_of(latest)
-    if old is None:
-        log.warning("checkpoint %s has no %s (an older version wrote it): what this run "
-                    "changes against it is not checked", latest, RUN_RECORD)
-        return
-    refused, warnings = compare(old, ckpt.run_record, state.step)
-    if refused:
-        raise UserError(f"--checkpoint-dir {ckpt.root}: cannot resume {latest.name}: "
-                        + "; ".join(refused))
-    for warning in warnings:
-        log.warning("resuming %s: %s", latest.name, warning)
+    if latest is not None:
+        log.info("resumed from %s (step %d, epoch %d)", latest, state.step, state.epoch)
 
 
 def _set_horizon(cfg: JobConfig, sampler: StepSampler, state: TrainerState,

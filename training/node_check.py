@@ -536,11 +536,36 @@ def check_job(cfg: JobConfig, env: DistEnv, probe: Probe | None = None) -> Repor
     """The check, on every rank: per-node checks on local rank 0 of each node, the bandwidth
     test over all ranks and inside each node. Returns the report (the same on every rank), or
     None with ``--no-node-check``; raises ``NodeCheckFailed`` naming node, check and figures."""
-    nc = cfg.node_check
-    if not nc.node_check:
+    if not cfg.node_check.node_check:
         return None
+    with _own_groups(datetime.timedelta(seconds=cfg.node_check.node_check_timeout_s)) as groups:
+        return _check(cfg, env, probe or Probe(), groups)
+
+
+@contextlib.contextmanager
+def _own_groups(timeout: datetime.timedelta) -> Iterator[Callable[..., dist.ProcessGroup]]:
+    """``dist.new_group`` with the check's timeout, each group it made destroyed when the
+    check ends, passed or failed: the training makes its own groups, and on GPUs each NCCL
+    communicator kept would hold GPU memory and NCCL resources for the whole run. Every rank
+    destroys them in the same order (ncclCommAbort is collective in some NCCL versions)."""
+    made: list[dist.ProcessGroup] = []
+
+    def new_group(*args, **kwargs) -> dist.ProcessGroup:
+        made.append(dist.new_group(*args, timeout=timeout, **kwargs))
+        return made[-1]
+
+    try:
+        yield new_group
+    finally:
+        for group in reversed(made):
+            dist.destroy_process_group(group)  # a rank outside the group: nothing to do
+
+
+def _check(cfg: JobConfig, env: DistEnv, probe: Probe,
+           new_group: Callable[..., dist.ProcessGroup]) -> Report:
+    """`check_job`'s work, with its groups from ``new_group``."""
+    nc = cfg.node_check
     started = time.perf_counter()
-    timeout = datetime.timedelta(seconds=nc.node_check_timeout_s)
     node = node_name()
     cuda = env.device.type == "cuda"
     expected_gpus = nc.node_check_gpus or (env.local_world_size if cuda else 0)
@@ -549,9 +574,9 @@ def check_job(cfg: JobConfig, env: DistEnv, probe: Probe | None = None) -> Repor
     if env.is_local_main:
         gpus = torch.cuda.device_count() if cuda else 0
         local = _with_timeout(lambda: node_checks(checks, cfg.checkpoint.checkpoint_dir, gpus,
-                                                  probe or Probe(), node),
+                                                  probe, node),
                               nc.node_check_timeout_s, node)
-    objects = dist.new_group(backend="gloo", timeout=timeout)
+    objects = new_group(backend="gloo")
     gathered: list = [None] * env.world_size
     dist.all_gather_object(gathered, (node, [asdict(r) for r in local]), group=objects)
     nodes = [g[0] for g in gathered]
@@ -560,7 +585,7 @@ def check_job(cfg: JobConfig, env: DistEnv, probe: Probe | None = None) -> Repor
     model, shape = model_shape(cfg.model.model)
     sizes = fsdp_sizes(shape, 2 if cuda else 4)
     backend = "nccl" if cuda else "gloo"
-    fabric = dist.new_group(timeout=timeout)
+    fabric = new_group()
     with captured_stdout() if backend == "nccl" else contextlib.nullcontext([]) as lines:
         mine = measure(fabric, env.device, sizes)
     transport = transport_of(lines, backend, env.world_size)
@@ -568,7 +593,7 @@ def check_job(cfg: JobConfig, env: DistEnv, probe: Probe | None = None) -> Repor
     dist.all_gather_object(per_rank, mine, group=objects)
     bandwidth, slowest_rank = _bandwidth_rows(per_rank, env.world_size,
                                               nc.node_check_min_busbw_gbs, nodes)
-    node_bandwidth, slowest_node = _per_node(env, sizes, nodes, timeout, objects,
+    node_bandwidth, slowest_node = _per_node(env, sizes, nodes, new_group, objects,
                                              nc.node_check_min_node_busbw_gbs)
     failures += _bandwidth_failures(slowest_rank, "all ranks", env.world_size)
     failures += _bandwidth_failures(slowest_node, "inside the node", env.local_world_size)
@@ -585,7 +610,7 @@ def check_job(cfg: JobConfig, env: DistEnv, probe: Probe | None = None) -> Repor
 
 
 def _per_node(env: DistEnv, sizes: list[tuple[str, str, int]], nodes: list[str],
-              timeout: datetime.timedelta, objects: dist.ProcessGroup,
+              new_group: Callable[..., dist.ProcessGroup], objects: dist.ProcessGroup,
               floor: float) -> tuple[list[dict], dict | None]:
     """The all-reduce inside each node (multi-node jobs with several ranks per node): the
     node with the lowest bus bandwidth at the largest size is the slowest node."""
@@ -593,7 +618,7 @@ def _per_node(env: DistEnv, sizes: list[tuple[str, str, int]], nodes: list[str],
     per_node = [[r for r, n in enumerate(nodes) if n == name] for name in names]
     if len(names) < 2 or min(len(ranks) for ranks in per_node) < 2:
         return [], None
-    groups = [dist.new_group(ranks, timeout=timeout) for ranks in per_node]
+    groups = [new_group(ranks) for ranks in per_node]
     mine_index = names.index(nodes[env.rank])
     reduce_sizes = [s for s in sizes if s[0] == "all_reduce"]
     mine = measure(groups[mine_index], env.device, reduce_sizes)

@@ -106,6 +106,14 @@ def test_elastic_only_when_asked():
     assert (elastic["minReplicas"], elastic["maxReplicas"]) == (1, 4)
 
 
+def test_job_max_restarts_bounds_both_torchruns_and_the_operators_restarts():
+    """Checked against README's job.maxRestarts (torchrun's restarts, PET_MAX_RESTARTS from
+    elasticPolicy.maxRestarts; a pod restarted by the operator counts against runPolicy's
+    backoffLimit) and the PyTorchJob CRD's field names: the setting's value in both."""
+    spec = render(dataclasses.replace(JobSettings(), max_restarts=5))["spec"]
+    assert (spec["elasticPolicy"]["maxRestarts"], spec["runPolicy"]["backoffLimit"]) == (5, 5)
+
+
 def test_without_a_token_no_hf_token_env():
     """Checked against the env list: no Secret name, no HF_TOKEN."""
     env = render(hf_secret=None)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["env"]

@@ -22,9 +22,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _world
 
 from tests.training.conftest import REPO, child_env, free_port, steps_of, torchrun_cmd, train
 from training import node_check as nc
+from training.config import parse_args
+from training.dist import init_distributed
 from training.shapes import SHAPES
 from training.tiny import LLAMA_KWARGS
 
@@ -389,3 +393,26 @@ def test_no_node_check_skips_it(tmp_path, tiny_cache):
                 cache=tiny_cache).check()
     assert "node check" not in run.output
     assert os.path.exists(run.metrics_file) and "node_check/passed" not in run.metrics_file.read_text()
+
+
+@pytest.mark.parametrize("flags, passes", [([], True), (["--node-check-efa", "2"], False)],
+                         ids=["passed", "failed"])
+def test_the_check_leaves_no_process_group_of_its_own(flags, passes, world_of_one, tmp_path):
+    """In a world of one (gloo): after a check that passed, and after one that failed (no EFA
+    device of the 2 asked for in an empty device tree), the process groups are those from
+    before the check: the training makes its own, and on GPUs each NCCL communicator the
+    check kept would hold GPU memory for the whole run (before: the check's groups stayed)."""
+    env = init_distributed(timeout_s=30)
+    try:
+        before = set(_world.pg_map)
+        cfg = parse_args(["--model", "tiny", "--metrics-file", str(tmp_path / "m.jsonl"),
+                          *flags])
+        probe = nc.Probe(dev=tmp_path / "dev", shm=tmp_path, fi_info=None, nvml=None)
+        if passes:
+            assert nc.check_job(cfg, env, probe).passed
+        else:
+            with pytest.raises(nc.NodeCheckFailed, match="efa devices: 0 of 2"):
+                nc.check_job(cfg, env, probe)
+        assert set(_world.pg_map) == before
+    finally:
+        dist.destroy_process_group()

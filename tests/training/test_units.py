@@ -167,6 +167,34 @@ def test_weights_of_another_model_are_refused(tmp_path):
         load_weights(model, directory)
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["flex", "uncompiled-sdpa"])
+def test_attention_dropout_with_flex_attention_is_refused_before_the_model_is_built(tmp_path,
+                                                                                    compiled):
+    """Checked against torch's flex_attention, which has no dropout argument: a config.json
+    with attention_dropout 0.1 and --packed-attention flex with --compile on a GPU (the
+    FlexAttention path) ends with one UserError naming the flag, the key and the fixes before
+    any device is touched (the CUDA device of this CPU machine is never reached; before: the
+    run failed at its first forward). Without --compile the dense-mask SDPA path applies the
+    dropout: no refusal (here the model build then fails on the absent GPU instead)."""
+    from training.dist import DistEnv
+    from training.finetune import build_model
+
+    directory = tiny.materialize(tiny.directory(str(tmp_path), 1), 1)
+    config = json.loads((directory / "config.json").read_text())
+    config["attention_dropout"] = 0.1
+    (directory / "config.json").write_text(json.dumps(config))
+    cfg = C.parse_args(["--model", str(directory), "--packed-attention", "flex",
+                        *(["--compile"] if compiled else [])])
+    gpu = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
+                  device=torch.device("cuda"), slow_group=None)
+    with pytest.raises(Exception) as raised:
+        build_model(cfg, directory, gpu)
+    refusal = ("--packed-attention flex: the model's config.json sets attention_dropout 0.1, "
+               "which FlexAttention cannot apply")
+    assert (raised.type is UserError and str(raised.value).startswith(refusal)) == compiled, \
+        raised.value
+
+
 def test_random_init_draws_every_matrix_afresh():
     """Checked against the definition of a random init: with one seed, different weight
     matrices of the same shape get different values (not one stream restarted per matrix),

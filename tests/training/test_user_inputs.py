@@ -209,10 +209,15 @@ def two_steps(tmp_path_factory, tiny_cache) -> Path:
 def _resume(ckpt: Path, tmp_path: Path, *flags: str, cache: Path) -> tuple[Path, subprocess.CompletedProcess]:
     """A copy of the checkpoint directory resumed with the fixture's flags, then ``flags``."""
     shutil.copytree(ckpt, tmp_path / "ckpt")
-    return tmp_path / "ckpt", finetune(
-        cache, *QUICK[:-4], "--seed", "7", "--val-fraction", "0", "--max-steps", "3",
-        "--dataset", str(ckpt.parent / "data.jsonl"), "--checkpoint-dir", str(tmp_path / "ckpt"),
-        *flags)
+    return tmp_path / "ckpt", _resume_in_place(tmp_path / "ckpt", ckpt.parent / "data.jsonl",
+                                               *flags, cache=cache)
+
+
+def _resume_in_place(ckpt: Path, data: Path, *flags: str,
+                     cache: Path) -> subprocess.CompletedProcess:
+    """The checkpoint directory resumed with the fixture's flags on ``data``, then ``flags``."""
+    return finetune(cache, *QUICK[:-4], "--seed", "7", "--val-fraction", "0", "--max-steps", "3",
+                    "--dataset", str(data), "--checkpoint-dir", str(ckpt), *flags)
 
 
 @pytest.mark.parametrize("changes, named", [
@@ -238,6 +243,26 @@ def test_a_resume_whose_data_order_differs_is_refused(changes, named, two_steps,
            "order differs from the checkpoint's" in error
     assert named in error
     assert not (ckpt / "step_00000003").exists()
+
+
+def test_a_refused_resume_reads_none_of_the_checkpoints_shards(two_steps, tmp_path,
+                                                              tiny_cache):
+    """Checked against the refusal above: with the checkpoint's DCP shards deleted, a resume
+    with another --seed is refused with the same message and the checkpoint stays where it
+    was, so nothing read its shards: the refusal comes before the verification and the load,
+    which read all of them (before: both ran first; the missing shards set the checkpoint
+    aside as damaged and the run started from step 0)."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(two_steps, ckpt)
+    shards = list((ckpt / "step_00000002").glob("*.distcp"))
+    assert shards
+    for shard in shards:
+        shard.unlink()
+    [error] = errors(_resume_in_place(ckpt, two_steps.parent / "data.jsonl", "--seed", "8",
+                                      cache=tiny_cache))
+    assert "cannot resume step_00000002: the training data or its order differs from the " \
+           "checkpoint's (--seed 7 -> 8)" in error
+    assert (ckpt / "step_00000002").is_dir()
 
 
 def test_a_resume_with_another_batch_or_learning_rate_continues_with_warnings(two_steps,

@@ -1,5 +1,6 @@
 """Pair table of one device call: `ours-NAME` (training.bench) beside `titan-NAME`
-(peer_torchtitan.py), ratio = ours / torchtitan tokens/s/GPU; and where `ours-NAME-fsdp`
+(peer_torchtitan.py), ratio = ours / torchtitan tokens/s/GPU, each side's slowest timed step
+over its median (a stall shows there); and where `ours-NAME-fsdp`
 ran too (fully_shard at world size 1 with PyTorch's fused AdamW), how far the local path's
 losses are from it, step by step.  python peer_table.py DIR"""
 
@@ -18,10 +19,16 @@ def load(folder: str) -> dict[str, dict]:
     return runs
 
 
+def max_over_median(r: dict) -> str:
+    value = (r.get("step_time_s") or {}).get("max_over_median")
+    return "-" if value is None else f"{value:.3f}"
+
+
 def main(folder: str) -> None:
     runs = load(folder)
-    print("| configuration | ours tok/s/GPU | torchtitan tok/s/GPU | ratio | ours peak alloc GiB | torchtitan peak alloc GiB |")
-    print("|---|---|---|---|---|---|")
+    print("| configuration | ours tok/s/GPU | torchtitan tok/s/GPU | ratio | ours max/median step | "
+          "torchtitan max/median step | ours peak alloc GiB | torchtitan peak alloc GiB |")
+    print("|---|---|---|---|---|---|---|---|")
     for tag, r in runs.items():
         if not tag.startswith("ours-"):
             continue
@@ -30,10 +37,11 @@ def main(folder: str) -> None:
         mem = (r.get("memory_gib") or {}).get("peak_allocated", 0)
         if peer:
             theirs = peer["perf/tokens_per_s_per_gpu"]
-            print(f"| {tag[5:]} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.3f} | {mem:.1f} | "
+            print(f"| {tag[5:]} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.3f} | "
+                  f"{max_over_median(r)} | {max_over_median(peer)} | {mem:.1f} | "
                   f"{peer['memory_gib']['peak_allocated']:.1f} |")
         else:
-            print(f"| {tag[5:]} | {ours:,.0f} | - | - | {mem:.1f} | - |")
+            print(f"| {tag[5:]} | {ours:,.0f} | - | - | {max_over_median(r)} | - | {mem:.1f} | - |")
     for tag, r in runs.items():
         fsdp = runs.get(tag + "-fsdp")
         if tag.startswith("ours-") and fsdp:

@@ -59,21 +59,23 @@ phasepeer() {
   ours ours-16l-none-fsdp 100 $SHAPE --layers 16 --activation-checkpointing none --compile --fsdp-at-world-1
 }
 
-convergence() {  # float8 against bf16 on the Brown corpus (fp8_convergence.py): bf16, float8, bf16
-  # (or the runs named: convergence fp8)
+convergence() {  # float8 against bf16 on the Brown corpus (fp8_convergence.py): bf16, one float8
+  # run per recipe named (default: all three), bf16 again
   local conv=/tmp/conv; mkdir -p $conv
   $PY benchmarks/fp8_convergence.py make $conv/model >>"$LOG" 2>&1
   local common="--model $conv/model --dataset $HERE/data/brown.jsonl --seq-len 1024 --batch-size 8 \
     --max-steps 300 --learning-rate 3e-4 --warmup-steps 20 --activation-checkpointing none --compile \
     --log-every 50 --seed 42"
-  for run in ${@:-bf16 fp8 bf16_again}; do
-    local flags=""; [ $run = fp8 ] && flags="--precision fp8"
+  local recipes=${*:-tensorwise rowwise rowwise_with_gw_hp} named=() run
+  for run in bf16 ${recipes} bf16_again; do
+    local flags=""
+    case $run in bf16*) ;; *) flags="--precision fp8 --float8-recipe $run"; named+=("fp8-$run=$WORK/json/conv-fp8-$run.jsonl"); run=fp8-$run ;; esac
     # shellcheck disable=SC2086
     run_limited conv-$run 120 $PY -m torch.distributed.run --standalone --nproc-per-node 1 \
       -m training.finetune $common $flags --metrics-file "$WORK/json/conv-$run.jsonl"
   done
   $PY benchmarks/fp8_convergence.py compare "$WORK/json/conv-summary.json" "$WORK/json/conv-bf16.jsonl" \
-    "$WORK/json/conv-fp8.jsonl" "$WORK/json/conv-bf16_again.jsonl" 2>&1 | tee -a "$LOG"
+    "$WORK/json/conv-bf16_again.jsonl" "${named[@]}" 2>&1 | tee -a "$LOG"
   pack
 }
 
@@ -150,7 +152,7 @@ phaseconfirm() {  # the float8 convergence on paragraph records (300 steps each)
 
 phasefp8w() {  # float8 linears back on their fp32 weights (as under FSDP): its convergence run
   # (compared with the bf16 runs of h200-peer/call8/: the bf16 path is unchanged), its pair, the no-AC pair
-  convergence fp8
+  convergence tensorwise
   ours ours-16l-fp8 90 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8
   titan titan-16l-fp8 90 --layers 16 --ac none --float8
   ours ours-16l-none 90 $SHAPE --layers 16 --activation-checkpointing none --compile
@@ -201,6 +203,40 @@ phasemask() {  # the block mask built from the documents' tile ranges (no longer
   grep -h "^sdpa\|^flex\|^varlen\|block_mask_ms" "$LOG" | tail -6
   ours ours-16l-packed-flex 100 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED
   titan titan-16l-packed-flex 120 --layers 16 --ac none $PACKED --attn flex
+}
+
+pairs() {  # ours and torchtitan on each named setup: none (16 layers, no AC), fp8 (the same in
+  # float8, tensorwise), packed (16 layers, no AC, samsum-like packed rows, block-causal
+  # FlexAttention on both sides), full (Llama-2-7B, full AC); FLAGS go to ours only
+  local setup; for setup in "$@"; do case $setup in
+    none) ours ours-16l-none 100 $SHAPE --layers 16 --activation-checkpointing none --compile ${OURS_FLAGS:-}
+          titan titan-16l-none 100 --layers 16 --ac none ;;
+    fp8) ours ours-16l-fp8 100 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8
+         titan titan-16l-fp8 100 --layers 16 --ac none --float8 ;;
+    packed) ours ours-16l-packed-flex 100 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED
+            titan titan-16l-packed-flex 120 --layers 16 --ac none $PACKED --attn flex ;;
+    full) ours ours-7b-full 110 $SHAPE --activation-checkpointing full --compile
+          titan titan-7b-full 110 --layers 32 --ac full ;;
+  esac; done
+}
+
+phaseloss() {  # the fused loss's per-chunk arithmetic compiled: the four pairs (one profiled
+  # step of ours without AC), then the float8 recipes' speed beside tensorwise
+  { nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version --format=csv
+    $PY -c 'import torch, transformers; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), transformers.__version__)'; } 2>&1 | tee -a "$LOG"
+  OURS_FLAGS="--profile-steps 1" pairs none
+  pairs fp8 packed full
+  ours ours-16l-fp8-rowwise 100 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8 --float8-recipe rowwise
+  ours ours-16l-fp8-rowwise_with_gw_hp 100 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8 --float8-recipe rowwise_with_gw_hp
+}
+
+phaserecipes() {  # the float8 recipes' convergence, then a second same-call sample of three pairs
+  convergence
+  pairs none fp8 packed
+}
+
+phasethird() {  # a third sample of the four pairs
+  pairs none fp8 packed full
 }
 
 "phase$PHASE"

@@ -105,6 +105,14 @@ def stack(request) -> str:
     return request.param
 
 
+@pytest.fixture(scope="session")
+def recording(stack: str) -> Recording:
+    """The program's recording for this module's `stack`. A fixture of its own: the shared
+    session-scoped `recording` of tests/conftest.py, once taken through the `stack` above, would
+    stay cached for that stack and be handed to other modules' stacks."""
+    return recording_of(stack)
+
+
 
 def require(tool: str) -> Path:
     """The tool, or a skip naming it (a failure under CI, which must never skip)."""

@@ -29,6 +29,7 @@ from tests.infra.test_rendered import (  # noqa: F401 (the fixtures: one stack p
     name_of,
     own_objects,
     pod_spec,
+    recording,
     rendered,
     stack,
 )

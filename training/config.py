@@ -116,6 +116,9 @@ class ModelConfig(_Section):
     def problems(self) -> list[Problem]:
         return _failing(
             (bool(self.model.strip()), "model", "must name a model"),
+            (self.float8_recipe == "tensorwise" or self.precision == "fp8", "float8_recipe",
+             f"only applies with --precision fp8 (got --precision {self.precision}): set "
+             "--precision fp8, or leave the recipe at tensorwise"),
         )
 
 

@@ -51,8 +51,10 @@ def compare(old: dict, new: dict, step: int) -> tuple[list[str], list[str]]:
     now = {**new["settings"], "world_size": new["world_size"]}
 
     def changes(names) -> list[str]:
-        return [f"{_named(n)} {before.get(n)!r} -> {now[n]!r}" for n in names
-                if before.get(n) != now[n]]
+        # a setting the old record lacks was added to the package after it was written: the
+        # checkpoint's run could not have set it, so it is not reported as changed
+        return [f"{_named(n)} {before[n]!r} -> {now[n]!r}" for n in names
+                if before.get(n, now[n]) != now[n]]
 
     refused, warnings = [], []
     if old["data"] != new["data"] or before.get("seed") != now["seed"]:

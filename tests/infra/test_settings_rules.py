@@ -266,6 +266,7 @@ TRAINING_REFUSED = [
     ("weightDecay", -0.1, "must be >= 0"),
     ("maxGradNorm", -1.0, "must be >= 0"),
     ("hsdpShardSize", -1, "must be >= 0"),
+    ("float8Recipe", "rowwise", "only applies with job.precision fp8 (got job.precision auto)"),
     ("checkpointEvery", -1, "must be >= 0"),
     ("keepCheckpoints", 0, "must be >= 1"),
     ("dataset", "s3://bucket/train.jsonl", "is a URL, and the job reads a local path or a Hugging Face dataset"),

@@ -73,6 +73,7 @@ def test_contract_flags_exist():
     (["--hsdp-shard-size", "2"], "--hsdp-shard-size"), (["--keep-checkpoints", "0"],
                                                          "--keep-checkpoints"),
     (["--weight-decay", "inf"], "--weight-decay"),
+    (["--float8-recipe", "rowwise"], "--float8-recipe"),  # without --precision fp8
 ])
 def test_bad_values_name_the_flag(argv, flag, capsys):
     """Checked against the rule 'a user mistake names the setting to change'."""

@@ -356,3 +356,22 @@ def test_a_sequence_beyond_the_trained_context_is_a_warning(seq_len, warned, tmp
                "config.json sets no RoPE scaling")
     assert (warning in log) == warned, log[-3000:]
     assert ("no RoPE-scaling option" in log) == warned
+
+
+def test_a_setting_newer_than_the_checkpoint_is_not_a_change():
+    """Checked against run_record.compare on records: a checkpoint written before a setting
+    existed (its RUN.json lacks the key) resumes without a warning about it, while the same
+    setting changed against a record that has it is named with both values."""
+    from training import config as C
+    from training.run_record import compare, run_record
+
+    data = {"rows": 10, "crc32": 1}
+    now = run_record(C.JobConfig(), 1, data)
+    old = run_record(C.JobConfig(), 1, data)
+    del old["settings"]["float8_recipe"]
+    assert compare(old, now, 5) == ([], [])
+    fp8 = C.parse_args(["--precision", "fp8", "--float8-recipe", "rowwise"])
+    refused, warnings = compare(run_record(C.parse_args(["--precision", "fp8"]), 1, data),
+                                run_record(fp8, 1, data), 5)
+    assert refused == [] and len(warnings) == 1
+    assert "--float8-recipe 'tensorwise' -> 'rowwise'" in warnings[0]

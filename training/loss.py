@@ -7,11 +7,12 @@ embedding, final norm and output head) run around the whole computation, loss in
 Two implementations of the output head + loss:
 
 - ``fused`` (default): a chunked linear + cross-entropy (`fused_linear_cross_entropy`) that never
-  materialises the [tokens, vocab] logits of the whole batch. It walks the tokens in chunks of
-  about `CHUNK_ELEMENTS / vocab` rows and, for each chunk, computes the logits (bf16 matmul,
-  upcast to fp32 as the plain path does), the loss and, already in forward, the gradients of the
-  loss sum with respect to the hidden states and the head's weight (softmax - one-hot, cast back
-  to the compute dtype as autograd would). Backward only scales those by the incoming gradient.
+  materialises the [tokens, vocab] logits of the whole batch. It walks the tokens in equal
+  chunks of at most `CHUNK_ELEMENTS / vocab` rows and, for each chunk, computes the logits (bf16
+  matmul, upcast to fp32 as the plain path does), the loss and, already in forward, the
+  gradients of the loss sum with respect to the hidden states and the head's weight (softmax -
+  one-hot, cast back to the compute dtype as autograd would; that arithmetic compiled on CUDA
+  when the layers are). Backward only scales those by the incoming gradient.
   Same three matmuls as the plain path, no recomputation; peak extra memory one chunk of logits
   plus the two gradients, instead of bf16 logits + fp32 logits + fp32 log-softmax + fp32 and bf16
   gradients of the whole batch (at 3 x 4096 tokens and Llama 2's 32,000-word vocabulary: about
@@ -32,16 +33,17 @@ from training import attention
 from training.dataset import IGNORE_INDEX
 
 CHUNK_ELEMENTS = 2**27
-"""Logits per chunk of the fused loss (512 MiB in fp32): 4,194 tokens at a 32,000 vocabulary."""
+"""Most logits per chunk of the fused loss (512 MiB in fp32): 3 chunks of 4,096 tokens for
+3 x 4,096 tokens at a 32,000 vocabulary."""
 
 
 def chunk_loss_and_grad(logits: torch.Tensor, labels: torch.Tensor
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk's summed cross-entropy and its gradient with respect to the logits (softmax -
     one-hot, zero on ignored targets), computed in fp32 and returned in the logits' dtype as
-    autograd would. In place, so the eager path holds one fp32 copy of the chunk and its one-hot; compiled
-    (`compile_chunk_loss`) the upcast, the log-sum-exp and the gradient are two kernels that read
-    the bf16 logits instead of a dozen passes over their fp32 copy."""
+    autograd would. In place, so the eager path holds one fp32 copy of the chunk and its
+    one-hot; compiled (`compile_chunk_loss`) the upcast, the log-sum-exp and the gradient are two
+    kernels that read the bf16 logits instead of a dozen passes over their fp32 copy."""
     x = logits.float()
     lse = torch.logsumexp(x, dim=-1)
     valid = labels != IGNORE_INDEX

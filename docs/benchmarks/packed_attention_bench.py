@@ -32,21 +32,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from h200_calibrate import timed as calibrate_timed  # same folder: on sys.path when run as a script
 
 
 def timed(fn, repeats: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    """Median milliseconds of `fn`, event-timed as h200_calibrate.py times."""
+    return 1e3 * statistics.median(calibrate_timed(fn, repeats, warmup))
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

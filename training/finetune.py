@@ -195,9 +195,9 @@ def parallelize_model(cfg: JobConfig, model: nn.Module, env: DistEnv,
     """A meta-device model -> attention backend, loss forward, AC, compile, fully_shard (local
     mixed precision at world size 1) -> storage for this rank's shards (uninitialised)."""
     set_sdpa_backend(cfg.model.sdpa_backend, env.device)
-    install_loss_forward(model, fused=cfg.model.loss == "fused",
-                         document_mask=use_document_mask(cfg.model.packed_attention, env.device,
-                                                         cfg.parallel.compile),
+    document_mask = use_document_mask(cfg.model.packed_attention, env.device, cfg.parallel.compile)
+    check_no_attention_dropout(document_mask, model.config)
+    install_loss_forward(model, fused=cfg.model.loss == "fused", document_mask=document_mask,
                          compiled=cfg.parallel.compile and env.device.type == "cuda")
     mesh = build_mesh(cfg.parallel, env)
     parallel = parallelize(model, cfg.parallel, mesh,
@@ -228,8 +228,6 @@ def build_model(cfg: JobConfig, model_dir: Path, env: DistEnv) -> tuple[nn.Modul
     load weights; and what `parallelize` did to it."""
     model = build_meta_model(model_dir)
     _warn_beyond_context(cfg.data.seq_len, model.config)
-    check_no_attention_dropout(use_document_mask(cfg.model.packed_attention, env.device,
-                                                 cfg.parallel.compile), model.config)
     mesh, parallel = parallelize_model(cfg, model, env)
     started = time.perf_counter()
     read = all_sum(load_weights(model, model_dir), env.device)

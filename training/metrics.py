@@ -148,14 +148,32 @@ def summarize(history: list[dict], warmup_steps: int) -> dict:
     }
 
 
+def _last_byte(path: str) -> bytes:
+    """The file's last byte; empty for a missing or empty file."""
+    try:
+        with open(path, "rb") as f:
+            if f.seek(0, 2) == 0:
+                return b""
+            f.seek(-1, 2)
+            return f.read(1)
+    except FileNotFoundError:
+        return b""
+
+
 class JsonLines:
-    """Appends one JSON object per line (rank 0 only); flushed per line so a crash loses none."""
+    """Appends one JSON object per line (rank 0 only); flushed per line so a crash loses none.
+
+    A writer killed inside a write can leave a last line without its newline; a restarted run
+    ends that line first, so the damage stays on one line and every new record parses."""
 
     def __init__(self, path: str | None):
         self.file = None
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
+            unfinished = _last_byte(path) not in (b"", b"\n")
             self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115
+            if unfinished:
+                self.file.write("\n")
 
     def write(self, record: dict) -> None:
         if self.file:

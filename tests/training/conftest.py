@@ -97,15 +97,23 @@ class Run:
         return self
 
 
+def records_of(path: Path, skip: int = 0) -> list[dict]:
+    """The metrics file's records after its first `skip` lines; a last line without its newline
+    is one the run is still writing, not a record yet."""
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines(keepends=True)[skip:]
+    return [json.loads(line) for line in lines if line.endswith("\n")]
+
+
 def evals_of(path: Path) -> dict[int, dict]:
     """Evaluation records by step."""
-    return {r["eval/step"]: r for r in map(json.loads, path.read_text().splitlines())
-            if "eval/step" in r}
+    return {r["eval/step"]: r for r in records_of(path) if "eval/step" in r}
 
 
 def summary_of(path: Path) -> dict:
     """The run's last summary record."""
-    return [r for r in map(json.loads, path.read_text().splitlines()) if "summary/steps" in r][-1]
+    return [r for r in records_of(path) if "summary/steps" in r][-1]
 
 
 def held_out(records: list[dict], fraction: float) -> list[dict]:
@@ -122,12 +130,11 @@ def held_out(records: list[dict], fraction: float) -> list[dict]:
 
 
 def steps_of(path: Path) -> dict[int, dict]:
+    """Training-step records by step (a step run again after a restart: its last record)."""
     records: dict[int, dict] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
-            if "train/step" in r:
-                records[r["train/step"]] = r
+    for r in records_of(path):
+        if "train/step" in r:
+            records[r["train/step"]] = r
     return records
 
 

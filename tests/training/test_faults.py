@@ -5,7 +5,6 @@ configured bound."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -19,6 +18,7 @@ from tests.training.conftest import (
     TINY_FLAGS,
     Run,
     assert_losses_close,
+    records_of,
     steps_of,
     start,
     torchrun_cmd,
@@ -119,9 +119,7 @@ def _lines(path: Path) -> int:
 def _steps_after(path: Path, line: int) -> list[dict]:
     """The training-step records after the first ``line`` lines (a restarted group's node check
     writes a record of its own before its first step)."""
-    complete = path.read_text().splitlines(keepends=True)[line:]  # not a line being written
-    records = [json.loads(text) for text in complete if text.endswith("\n") and text.strip()]
-    return [r for r in records if "train/step" in r]
+    return [r for r in records_of(path, skip=line) if "train/step" in r]
 
 
 LOST_NODE_BOUND_S = 60

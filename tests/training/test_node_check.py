@@ -11,7 +11,6 @@ config (training/tiny.py).
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import socket
@@ -25,7 +24,15 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _world
 
-from tests.training.conftest import REPO, child_env, free_port, steps_of, torchrun_cmd, train
+from tests.training.conftest import (
+    REPO,
+    child_env,
+    free_port,
+    records_of,
+    steps_of,
+    torchrun_cmd,
+    train,
+)
 from training import node_check as nc
 from training.config import parse_args
 from training.dist import init_distributed
@@ -286,7 +293,7 @@ def node_check_cmd(nproc: int, *flags: str) -> list[str]:
 
 
 def report_of(metrics: Path) -> dict:
-    (record,) = [r for r in map(json.loads, metrics.read_text().splitlines()) if "node_check/passed" in r]
+    (record,) = [r for r in records_of(metrics) if "node_check/passed" in r]
     return {k.removeprefix("node_check/"): v for k, v in record.items()}
 
 
@@ -381,7 +388,7 @@ def test_a_failed_check_stops_the_fine_tune_before_training(tmp_path, tiny_cache
 def test_a_passing_check_is_reported_before_the_first_step(tmp_path, tiny_cache):
     run = train(tmp_path, "--max-steps", "1", "--checkpoint-dir", str(tmp_path / "ckpt"),
                 cache=tiny_cache).check()
-    records = [json.loads(line) for line in run.metrics_file.read_text().splitlines()]
+    records = records_of(run.metrics_file)
     assert "node_check/passed" in records[0] and records[0]["node_check/passed"] is True
     assert "train/step" in records[1]
     assert run.output.index("node check: PASSED") < run.output.index("step 1/")

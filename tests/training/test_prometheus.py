@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import subprocess
@@ -16,6 +15,7 @@ from tests.training.conftest import (
     TINY_FLAGS,
     Run,
     free_port,
+    records_of,
     start,
     torchrun_cmd,
 )
@@ -96,7 +96,7 @@ def test_endpoint_serves_moving_step_counter(tmp_path, tiny_cache):
     assert second["fsdp_train_eval_perplexity"] == pytest.approx(
         math.exp(second["fsdp_train_eval_loss"]), rel=1e-9)
     # The node check at the start: its figures, as its record in the metrics file has them.
-    (check,) = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
+    (check,) = [r for r in records_of(tmp_path / "metrics.jsonl")
                 if "node_check/passed" in r]
     for row in check["node_check/bandwidth"]:
         key = (f'{metric_names.NODE_CHECK_BUSBW}{{collective="{row["collective"]}",scope="job",'

@@ -47,6 +47,21 @@ def test_mfu_against_h100_peak():
     assert all("/" in k for k in m), "keys are namespaced"
 
 
+def test_metrics_file_left_mid_line_by_a_killed_writer(tmp_path):
+    """A writer killed inside a write leaves its last line unfinished: the restarted run's
+    records start on a line of their own and parse; the damaged line stays alone. A file that
+    ends cleanly gets no blank line."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"train/step": 1}\n{"train/step": 2, "train/lo\xc3')
+    for step in (3, 4):
+        writer = metrics.JsonLines(str(path))
+        writer.write({"train/step": step})
+        writer.close()
+    lines = path.read_bytes().split(b"\n")
+    assert lines == [b'{"train/step": 1}', b'{"train/step": 2, "train/lo\xc3',
+                     b'{"train/step": 3}', b'{"train/step": 4}', b""]
+
+
 # ----------------------------------------------------------------------------- config and CLI
 def test_parser_defaults_are_the_dataclass_defaults():
     """Checked against the dataclasses: the parser's defaults are exactly JobConfig's (one

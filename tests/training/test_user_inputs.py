@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.training.conftest import REPO, child_env
+from tests.training.conftest import REPO, child_env, records_of
 from tests.training.conftest import finetune_in_one_process as finetune
 from training import tiny
 
@@ -278,8 +278,7 @@ def test_a_resume_with_another_batch_or_learning_rate_continues_with_warnings(tw
     log = trained(out)
     assert "the global batch changes from 1 to 2 sequences (--batch-size 1 -> 2)" in log
     assert "--learning-rate 2e-05 -> 0.001: the checkpoint's value continues" in log
-    [step3] = [json.loads(line) for line in metrics.read_text().splitlines()
-               if '"train/step": 3' in line]
+    [step3] = [r for r in records_of(metrics) if r.get("train/step") == 3]
     assert step3["train/lr"] <= 2e-5
     assert (ckpt / "step_00000003" / "RUN.json").is_file()
 

@@ -2,9 +2,11 @@
 
 This module is the only reader of ``pulumi.Config``. It parses every ``fsdp-eks:*`` key of the
 stack file into the typed, keyword-only dataclasses of ``components/settings.py``, rejects
-unknown keys, then runs every rule of ``components/settings_rules/`` and raises one
-``SettingsError`` listing every problem at once: the key, the bad value and the fix. It runs at
-preview, before anything is created.
+unknown keys (naming the key probably meant), then runs every rule of
+``components/settings_rules/`` and raises one ``SettingsError`` listing every problem at once:
+the key, the bad value and the fix. A value it cannot read does not stop the rules: they run on
+the rest. A value that may be a secret is never repeated in a problem. It runs at preview,
+before anything is created.
 
 The job's training keys are the training package's own fields (``training/config.py``): each
 ``job.<camelCase>`` key is parsed with the field's type and validated by the package's own rules,
@@ -16,11 +18,13 @@ The parsing half (``parse_settings``) is pure: tests call it with plain dictiona
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import math
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Literal, Union
 
 from components.planning.hardware import PROFILES
@@ -30,11 +34,16 @@ from components.settings import (
     SECRET_KEYS,
     SECTIONS,
     STACK_OWNED_TRAINING_FIELDS,
+    ClusterSettings,
+    GpuNodeSettings,
     JobSettings,
+    NetworkSettings,
+    ObservabilitySettings,
     Problem,
     Secrets,
     Settings,
     SettingsError,
+    StorageSettings,
     training_defaults,
 )
 from components.settings_rules import RULES, WARNINGS
@@ -76,9 +85,17 @@ def _coerce(value: Any, hint: Any, key: str, problems: list[Problem]) -> Any:
     if dataclasses.is_dataclass(hint):
         return _parse_dataclass(value, hint, key, problems)
     if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):  # YAML's .nan and .inf
+            problems.append(Problem(key, value, "must be a finite number"))
+            return None
         return float(value)
     if hint is int and isinstance(value, float) and value.is_integer():
         return int(value)
+    if hint is str and isinstance(value, bool | int | float):
+        read_as = "true or false" if isinstance(value, bool) else "a number"
+        problems.append(Problem(key, value, f"must be a string: quote it in the stack file (YAML reads an "
+                                            f"unquoted {value!r} as {read_as})"))
+        return None
     if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
         names = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
         problems.append(Problem(key, value, f"must be {names.get(hint, hint.__name__)}"))
@@ -93,10 +110,16 @@ def _null_allowed(value: Any, hint: Any) -> bool:
     return value is None and type(None) in typing.get_args(hint)
 
 
+def _not_an_object(key: str, value: Any, known: list[str]) -> Problem:
+    """A section (or a structured key) that is not a YAML object of keys."""
+    what = "is empty: give its keys on the lines under it, or remove it" if value is None else "must be an object"
+    return Problem(key, value, f"{what} (key: value pairs; known keys: {', '.join(known)})")
+
+
 def _parse_dataclass(raw: Any, cls: type, key: str, problems: list[Problem]) -> Any:
     """Build ``cls`` from a camelCase mapping; unknown keys and wrong types become problems."""
     if not isinstance(raw, Mapping):
-        problems.append(Problem(key, raw, f"must be an object with keys of {cls.__name__}"))
+        problems.append(_not_an_object(key, raw, section_keys(cls)))
         return None
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -104,8 +127,7 @@ def _parse_dataclass(raw: Any, cls: type, key: str, problems: list[Problem]) -> 
     for raw_key, value in raw.items():
         name = snake(raw_key)
         if name not in fields or camel(name) != raw_key:  # exact spelling only
-            known = ", ".join(camel(f) for f in fields)
-            problems.append(Problem(f"{key}.{raw_key}", value, f"unknown key; known: {known}"))
+            problems.append(_unknown_key(key, raw_key, value, [camel(f) for f in fields]))
             continue
         coerced = _coerce(value, hints[name], f"{key}.{raw_key}", problems)
         if coerced is not None or _null_allowed(value, hints[name]):
@@ -118,7 +140,8 @@ def _parse_dataclass(raw: Any, cls: type, key: str, problems: list[Problem]) -> 
         and f.default_factory is dataclasses.MISSING
     ]
     for name in missing:
-        problems.append(Problem(f"{key}.{camel(name)}", None, "required"))
+        if camel(name) not in raw:  # a value given but refused was named above
+            problems.append(Problem(f"{key}.{camel(name)}", None, "required"))
     return cls(**kwargs) if not missing else None
 
 
@@ -166,13 +189,17 @@ def _parse_training(raw: Mapping[str, Any], problems: list[Problem]) -> training
     except training_config.ConfigError as e:
         problems.extend(Problem(_stack_key(p.key), values.get(p.key), _in_stack_terms(p.fix))
                         for p in e.problems)
+        refused = {p.key for p in e.problems}
+    try:  # the rest, for the rules: the refused fields at their defaults
+        return training_config.from_fields({k: v for k, v in values.items() if k not in refused})
+    except training_config.ConfigError:
         return None
 
 
 def _parse_job(raw: Any, problems: list[Problem]) -> JobSettings | None:
     """``job``: the training package's fields and the job's own (nodes, rendezvous ...)."""
     if not isinstance(raw, Mapping):
-        problems.append(Problem("job", raw, "must be an object with keys of JobSettings"))
+        problems.append(_not_an_object("job", raw, section_keys(JobSettings)))
         return None
     own_keys = [camel(f.name) for f in dataclasses.fields(JobSettings) if f.name != "training"]
     own, train = {}, {}
@@ -182,42 +209,103 @@ def _parse_job(raw: Any, problems: list[Problem]) -> JobSettings | None:
         elif camel(snake(raw_key)) == raw_key and snake(raw_key) in training_config.fields():
             train[raw_key] = value  # a stack-owned field is refused with its reason
         else:  # exact spelling only
-            known = ", ".join(section_keys(JobSettings))
-            problems.append(Problem(f"job.{raw_key}", value, f"unknown key; known: {known}"))
+            problems.append(_unknown_key("job", raw_key, value, section_keys(JobSettings)))
     training = _parse_training(train, problems)
     job = _parse_dataclass(own, JobSettings, "job", problems)
-    return None if job is None or training is None else dataclasses.replace(job, training=training)
+    return job if job is None or training is None else dataclasses.replace(job, training=training)
 
 
-MISPLACED_SECRETS = {"observability": {"alertSlackWebhook": "alertSlackWebhook"}}
-"""Secrets a user may put inside a section, where they would be plain text: section -> key -> the
-top-level secret key to use instead."""
+TOP_LEVEL_KEYS = [*SCALAR_KEYS, *SECTIONS, *SECRET_KEYS]
+"""The keys of the stack file's namespace (``fsdp-eks:<key>``)."""
+
+HIDDEN = "(not shown)"
+"""What a problem shows in place of a value that may be a secret."""
+SECRET_NAME = re.compile(r"token|password|passwd|secret|webhook|api_?key|private_?key|credential", re.IGNORECASE)
+"""A key named like a secret: its value is never shown, wherever it is."""
+SECRET_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{8,}|hooks\.slack\.com/|-----BEGIN [A-Z ]*PRIVATE KEY")
+"""A value that looks like one of the stack's secrets (a Hugging Face token, a Slack webhook) or a key."""
 
 
-def _misplaced_secrets(raw: Mapping[str, Any]) -> list[Problem]:
-    """A secret written into a section (plain text in the stack file): refused, naming the secret key.
-
-    The key is dropped from the section by ``_without_misplaced_secrets`` so the rest still parses.
-    """
-    return [
-        Problem(f"{section}.{key}", "(not shown)",
-                f"a secret: remove it from the stack file and run `pulumi config set --secret {secret} <value>`")
-        for section, keys in MISPLACED_SECRETS.items() if isinstance(raw.get(section), Mapping)
-        for key, secret in keys.items() if key in raw[section]
-    ]
+def _normalized(name: str) -> str:
+    """A key as a near-miss spells it: case, ``_`` and ``-`` ignored (``batch_size`` is ``batchSize``)."""
+    return re.sub(r"[-_\s]", "", name).lower()
 
 
-def _without_misplaced_secrets(raw: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        section: ({k: v for k, v in value.items() if k not in MISPLACED_SECRETS.get(section, {})}
-                  if isinstance(value, Mapping) else value)
-        for section, value in raw.items()
-    }
+def _secret_key_named(name: str) -> str | None:
+    """The secret key that ``name`` spells, however cased (``hf_token``, ``HFToken`` -> ``hfToken``)."""
+    return next((k for k in SECRET_KEYS if _normalized(k) == _normalized(name)), None)
+
+
+def _may_be_secret(value: Any) -> bool:
+    if isinstance(value, str):
+        return bool(SECRET_VALUE.search(value))
+    if isinstance(value, Mapping):
+        return any(SECRET_NAME.search(str(k)) or _may_be_secret(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_may_be_secret(v) for v in value)
+    return False
+
+
+def _shown(problem: Problem) -> Problem:
+    """``problem`` as preview prints it: its value hidden where the key is named like a secret or
+    the value looks like one (a token pasted into the wrong key must not reach the log)."""
+    named_secret = SECRET_NAME.search(problem.key.rsplit(".", 1)[-1]) and problem.value is not None
+    if problem.value != HIDDEN and (named_secret or _may_be_secret(problem.value)):
+        return dataclasses.replace(problem, value=HIDDEN)
+    return problem
+
+
+def _keys_by_section() -> dict[str | None, list[str]]:
+    """Every key a stack file may give: None -> the top-level keys, section -> its keys."""
+    return {None: TOP_LEVEL_KEYS, **{section: section_keys(cls) for section, cls in SECTIONS.items()}}
+
+
+def _dotted(section: str | None, key: str) -> str:
+    return key if section is None else f"{section}.{key}"
+
+
+def _suggestion(section: str | None, raw_key: str, known: list[str]) -> str:
+    """What ``raw_key`` was probably meant to be: the same key spelt otherwise, the key in another
+    section (``gpuNodes.nodes`` -> ``job.nodes``), or a close spelling; "" when nothing is close."""
+    same = [k for k in known if _normalized(k) == _normalized(raw_key)]
+    if same:
+        return f": did you mean {_dotted(section, same[0])}?"
+    elsewhere = [(s, k) for s, keys in _keys_by_section().items() if s != section
+                 for k in keys if _normalized(k) == _normalized(raw_key)]
+    if elsewhere:
+        where, key = elsewhere[0]
+        return f": it belongs {'at the top level' if where is None else 'in ' + where}: {_dotted(where, key)}"
+    close = difflib.get_close_matches(raw_key.lower(), [k.lower() for k in known], n=1, cutoff=0.8)
+    if close:
+        return f": did you mean {_dotted(section, next(k for k in known if k.lower() == close[0]))}?"
+    return ""
+
+
+def _unknown_key(section: str | None, raw_key: str, value: Any, known: list[str]) -> Problem:
+    """The problem of a key the stack does not know: a secret written where it would be plain text
+    (refused, naming the secret key to set), or a misspelt or misplaced key with what was meant."""
+    key = _dotted(section, raw_key)
+    secret = _secret_key_named(raw_key)
+    if secret is not None:
+        return Problem(key, HIDDEN, "a secret, here in plain text in the stack file: remove it and run "
+                                    f"`pulumi config set --secret {secret} <value>`")
+    return Problem(key, value, f"unknown key{_suggestion(section, raw_key, known)}; known: {', '.join(known)}")
+
+
+def _names_any(problem: Problem, keys: Collection[str]) -> bool:
+    """``problem`` is about one of ``keys`` or a key under one, or its fix names one (``gpuNodes.maxSize``
+    in a fix names ``gpuNodes``)."""
+    for key in keys:
+        if problem.key == key or problem.key.startswith(f"{key}.") or key.startswith(f"{problem.key}."):
+            return True
+        if re.search(rf"(?<![\w.]){re.escape(key)}" + (r"(?!\w)" if "." in key else r"\.\w"), problem.fix):
+            return True
+    return False
 
 
 def settings_warnings(settings: Settings) -> list[Problem]:
     """What preview warns about without refusing the stack (``settings_rules.WARNINGS``)."""
-    return [w for rule in WARNINGS for w in rule(settings)]
+    return [_shown(w) for rule in WARNINGS for w in rule(settings)]
 
 
 def parse_settings(
@@ -230,16 +318,15 @@ def parse_settings(
 ) -> Settings:
     """Turn the ``fsdp-eks:*`` keys of a stack (without namespace, values parsed) into Settings.
 
-    Raises ``SettingsError`` listing every problem found: parsing and validation both.
+    Raises ``SettingsError`` listing every problem found: parsing and validation both. A value
+    that cannot be read (a wrong type, an unknown profile, a section that is not an object) is
+    named, and the rules still run on the rest: with the default in its place, keeping only the
+    problems that do not name it; with an unknown profile, the problems every profile has.
     """
-    problems: list[Problem] = _misplaced_secrets(raw)
-    raw = _without_misplaced_secrets(raw)
-    for key in raw:
-        if key not in SECTIONS and key not in SCALAR_KEYS and key not in SECRET_KEYS:
-            known = ", ".join([*SCALAR_KEYS, *SECTIONS, *SECRET_KEYS])
-            problems.append(Problem(key, raw[key], f"unknown key; known: {known}"))
-    profile_name = raw.get("profile", "")
-    profile = PROFILES.get(profile_name)
+    problems = [_unknown_key(None, key, value, TOP_LEVEL_KEYS) for key, value in raw.items()
+                if key not in TOP_LEVEL_KEYS]
+    profile_name = raw.get("profile")
+    profile = PROFILES.get(profile_name) if isinstance(profile_name, str) else None
     if profile is None:
         problems.append(
             Problem("profile", profile_name, f"use one of {', '.join(PROFILES)} (components/planning/hardware.py)")
@@ -249,29 +336,30 @@ def parse_settings(
         else _parse_dataclass(raw.get(key, {}), cls, key, problems)
         for key, cls in SECTIONS.items()
     }
-    if profile is None or any(section is None for section in sections.values()):
-        # The rules need a profile and every section; without them, report what parsing found.
-        # (A value of the wrong type or an unknown key is left out, so the rules still run.)
-        raise SettingsError(stack, problems)
-    settings = Settings(
-        project=project,
-        stack=stack,
-        region=region,
-        profile_name=profile_name,
-        profile=profile,
-        network=sections["network"],
-        cluster=sections["cluster"],
-        gpu_nodes=sections["gpuNodes"],
-        job=sections["job"],
-        observability=sections["observability"],
-        storage=sections["storage"],
-        secrets=secrets or Secrets(),
-    )
-    for rule in RULES:
-        problems.extend(rule(settings))
+    unread = {p.key for p in problems}
+    candidates = {profile_name: profile} if profile is not None else PROFILES
+    runs = []
+    for name, candidate in candidates.items():
+        settings = Settings(
+            project=project,
+            stack=stack,
+            region=region,
+            profile_name=name,
+            profile=candidate,
+            network=sections["network"] or NetworkSettings(),
+            cluster=sections["cluster"] or ClusterSettings(),
+            gpu_nodes=sections["gpuNodes"] or GpuNodeSettings(),
+            job=sections["job"] or JobSettings(),
+            observability=sections["observability"] or ObservabilitySettings(),
+            storage=sections["storage"] or StorageSettings(),
+            secrets=secrets or Secrets(),
+        )
+        runs.append((settings, [p for rule in RULES for p in rule(settings)]))
+    everywhere = set.intersection(*({str(p) for p in found} for _, found in runs))
+    problems += [p for p in runs[0][1] if str(p) in everywhere and not _names_any(p, unread)]
     if problems:
-        raise SettingsError(stack, problems)
-    return settings
+        raise SettingsError(stack, [_shown(p) for p in problems])
+    return runs[0][0]
 
 
 # --------------------------------------------------------------------------- the Pulumi reader

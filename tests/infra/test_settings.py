@@ -339,3 +339,131 @@ def test_the_data_keys_the_package_accepts_the_stack_accepts():
             training.data.val_fraction) == (50, True, 0.1)
     config["job"].update(keepBest=False, valFraction=0.0)
     assert parse(config).job.training.data.val_fraction == 0.0
+
+
+# ----------------------------------------------------------------------------- stack files gone wrong
+def problems_of(config: dict) -> dict[str, list[str]]:
+    """Key -> the messages on it, of a config that must be refused."""
+    found: dict[str, list[str]] = {}
+    for p in settings_error(config).problems:
+        found.setdefault(p.key, []).append(str(p))
+    return found
+
+
+@pytest.mark.parametrize("profile", ["p6", "p5.48xlarge", ["p5"], {"name": "p5"}, None])
+def test_an_unknown_profile_does_not_hide_the_other_problems(profile):
+    """A profile that is no row of the table (or not even a name) is named, and every problem that
+    does not depend on the profile is still listed (before: only the profile, or a TypeError for a
+    list)."""
+    config = raw("p5")
+    config["profile"] = profile
+    config["network"]["vpcCidr"] = "bad"
+    config["job"]["seqLen"] = 4
+    config["gpuNodes"]["capacityReservationId"] = "reservation-1"
+    found = problems_of(config)
+    assert set(found) == {"profile", "network.vpcCidr", "job.seqLen", "gpuNodes.capacityReservationId"}, found
+    assert "use one of p4de, p5" in found["profile"][0]
+
+
+@pytest.mark.parametrize("section, value", [("job", "nodes: 2"), ("gpuNodes", [1, 2]), ("storage", True),
+                                            ("network", None)])
+def test_a_section_that_is_not_an_object_does_not_hide_the_others(section, value):
+    """Checked against YAML: ``fsdp-eks:job: nodes: 2`` on one line is a string, a ``- item`` list
+    a list, an empty section null. The section is named; the other sections' rules still run,
+    and no rule reports the defaults that stood in for it (``job.nodes`` against the default
+    ``gpuNodes.desiredSize``)."""
+    config = raw("p5")
+    config["cluster"]["kubernetesVersion"] = "1.20"
+    config["job"]["nodes"] = 3
+    config["gpuNodes"].update(desiredSize=3, maxSize=3)
+    config[section] = value
+    found = problems_of(config)
+    assert section in found and "key: value pairs" in found[section][0], found
+    assert "cluster.kubernetesVersion" in found, found
+    assert not [k for k in found if k != section and k.startswith(f"{section}.")], found
+    if section == "gpuNodes":
+        assert "job.nodes" not in found, "compared with the stand-in default desiredSize"
+    if value is None:
+        assert "is empty" in found[section][0]
+
+
+@pytest.mark.parametrize("section, key, value", [
+    ("storage", "fsx", "yes"),  # YAML 1.2: a string (1.1's yes/no booleans are not Pulumi's)
+    ("network", "availabilityZones", "us-west-2a,us-west-2b"),
+    ("cluster", "systemNodes", {"minSize": "1", "desiredSize": 2, "maxSize": 3}),
+])
+def test_a_refused_value_is_named_once(section, key, value):
+    """A value of the wrong type is named with its fix, once: not again by a rule that ran on the
+    default in its place (``storage.fsx = False: a job on 2 nodes needs ...``), and a nested key
+    given with the wrong type is not also 'required'."""
+    config = raw("p5")
+    config[section][key] = value
+    found = problems_of(config)
+    assert len([m for messages in found.values() for m in messages]) == 1, found
+
+
+@pytest.mark.parametrize("section, key, meant", [
+    ("job", "seqlen", "did you mean job.seqLen?"),
+    ("job", "batch_size", "did you mean job.batchSize?"),
+    ("gpuNodes", "desiredSise", "did you mean gpuNodes.desiredSize?"),
+    ("gpuNodes", "nodes", "it belongs in job: job.nodes"),
+    ("network", "availabilityZone", "it belongs in gpuNodes: gpuNodes.availabilityZone"),
+    ("job", "profile", "it belongs at the top level: profile"),
+    (None, "prfile", "did you mean profile?"),
+    (None, "gpu_nodes", "did you mean gpuNodes?"),
+    (None, "nodes", "it belongs in job: job.nodes"),
+])
+def test_a_misspelt_or_misplaced_key_names_the_key_meant(section, key, meant):
+    config = raw("p5")
+    (config if section is None else config[section])[key] = 2
+    [message] = problems_of(config)[key if section is None else f"{section}.{key}"]
+    assert f": unknown key: {meant}" in message, message
+
+
+TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345"
+WEBHOOK = "https://hooks.slack.com/services/T0000/B0000/XXXXXXXXXXXXXXXX"
+
+
+@pytest.mark.parametrize("section, key, value, secret_key", [
+    ("job", "hfToken", TOKEN, "hfToken"),
+    ("job", "hf_token", TOKEN, "hfToken"),
+    (None, "HF_TOKEN", TOKEN, "hfToken"),
+    ("observability", "grafanaAdminPassword", "correct horse battery", "grafanaAdminPassword"),
+    ("observability", "alertSlackWebhook", WEBHOOK, "alertSlackWebhook"),
+    ("gpuNodes", "slackWebhook", WEBHOOK, None),
+    ("job", "apiKey", "sk-123456", None),
+    ("job", "notes", f"token {TOKEN}", None),
+    ("job", "env", {"HF_TOKEN": "anything"}, None),
+])
+def test_a_secret_in_the_wrong_place_is_never_printed(section, key, value, secret_key):
+    """A secret written into the stack file's plain text (anywhere but a ``--secret`` key) is
+    refused without repeating it: the preview's output goes to CI logs. A known secret's key is
+    named with the command that stores it encrypted."""
+    config = raw("p5")
+    (config if section is None else config[section])[key] = value
+    message = errors(config)
+    assert TOKEN not in message and "hooks.slack.com" not in message and "battery" not in message
+    assert "sk-123456" not in message and "anything" not in message
+    assert "(not shown)" in message
+    if secret_key:
+        assert f"pulumi config set --secret {secret_key} <value>" in message
+
+
+@pytest.mark.parametrize("key, value", [("modelParameters", float("nan")), ("modelParameters", float("inf")),
+                                        ("learningRate", float("nan")), ("valFraction", float("-inf"))])
+def test_a_number_that_is_not_finite_is_named(key, value):
+    """YAML's ``.nan`` and ``.inf`` are floats: refused as such, not compared (every comparison
+    with nan is false: a nan parameter count passed the positivity rule and the fit check
+    printed 'nan GiB')."""
+    config = raw("p5")
+    config["job"][key] = value
+    message = errors(config)
+    assert f"job.{key} = {value!r}: must be a finite number" in message
+    assert "nan GiB" not in message and "inf GiB" not in message
+
+
+def test_an_unquoted_version_is_told_to_be_quoted():
+    """YAML reads ``kubernetesVersion: 1.30`` as the float 1.3."""
+    config = raw("p5")
+    config["cluster"]["kubernetesVersion"] = 1.30
+    assert "cluster.kubernetesVersion = 1.3: must be a string: quote it" in errors(config)

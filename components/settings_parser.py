@@ -292,6 +292,13 @@ def _unknown_key(section: str | None, raw_key: str, value: Any, known: list[str]
     return Problem(key, value, f"unknown key{_suggestion(section, raw_key, known)}; known: {', '.join(known)}")
 
 
+def _plaintext_secret(stack: str, key: str) -> Problem:
+    """A secret key whose value the stack file holds in plain text (set without ``--secret``)."""
+    return Problem(key, HIDDEN, f"stored in plain text in Pulumi.{stack}.yaml: run `pulumi config rm {key}` and "
+                                f"`pulumi config set --secret {key} <value>` (and replace the value: it was readable "
+                                "by anyone with the file)")
+
+
 def _names_any(problem: Problem, keys: Collection[str]) -> bool:
     """``problem`` is about one of ``keys`` or a key under one, or its fix names one (``gpuNodes.maxSize``
     in a fix names ``gpuNodes``)."""
@@ -315,9 +322,11 @@ def parse_settings(
     stack: str,
     region: str,
     secrets: Secrets | None = None,
+    plaintext_secrets: Collection[str] = (),
 ) -> Settings:
     """Turn the ``fsdp-eks:*`` keys of a stack (without namespace, values parsed) into Settings.
 
+    ``plaintext_secrets``: the secret keys the stack file holds without ``--secret``.
     Raises ``SettingsError`` listing every problem found: parsing and validation both. A value
     that cannot be read (a wrong type, an unknown profile, a section that is not an object) is
     named, and the rules still run on the rest: with the default in its place, keeping only the
@@ -325,6 +334,7 @@ def parse_settings(
     """
     problems = [_unknown_key(None, key, value, TOP_LEVEL_KEYS) for key, value in raw.items()
                 if key not in TOP_LEVEL_KEYS]
+    problems += [_plaintext_secret(stack, key) for key in plaintext_secrets]
     profile_name = raw.get("profile")
     profile = PROFILES.get(profile_name) if isinstance(profile_name, str) else None
     if profile is None:
@@ -383,14 +393,24 @@ def load_settings() -> Settings:
             raw[key] = json.loads(text)
         except (TypeError, json.JSONDecodeError):
             raw[key] = text
+    given = [key for key in SECRET_KEYS if f"{prefix}{key}" in keys]
+    encrypted = {*runtime_config.get_config_secret_keys_env()}
+    plaintext = [key for key in given
+                 if not runtime_config.is_config_secret(f"{prefix}{key}") and f"{prefix}{key}" not in encrypted]
+
+    def secret(key: str) -> Any:
+        """The secret ``key`` as a Pulumi secret; None when unset or empty (the rules then ask for it)."""
+        return config.get_secret(key) if str(runtime_config.get_config(f"{prefix}{key}") or "").strip() else None
+
     secrets = Secrets(
-        hf_token=config.get_secret("hfToken"),
-        grafana_admin_password=config.get_secret("grafanaAdminPassword"),
-        alert_slack_webhook=config.get_secret("alertSlackWebhook"),
+        hf_token=secret("hfToken"),
+        grafana_admin_password=secret("grafanaAdminPassword"),
+        alert_slack_webhook=secret("alertSlackWebhook"),
     )
     region = pulumi.Config("aws").get("region") or ""
     settings = parse_settings(
-        raw, project=pulumi.get_project(), stack=pulumi.get_stack(), region=region, secrets=secrets
+        raw, project=pulumi.get_project(), stack=pulumi.get_stack(), region=region, secrets=secrets,
+        plaintext_secrets=plaintext,
     )
     for warning in settings_warnings(settings):
         pulumi.log.warn(str(warning))

@@ -49,6 +49,8 @@ from components.settings import (
 from components.settings_rules import RULES, WARNINGS
 from training import config as training_config
 
+INT32_MAX = 2**31 - 1
+"""The largest integer a Kubernetes ``int32`` field or an AWS API ``Integer`` takes."""
 UNITS = {"gib": "GiB", "tib": "TiB"}
 """Units spelt as units in camelCase keys (``prometheusStorageGiB``, ``fsxThroughputPerTiB``)."""
 
@@ -89,6 +91,10 @@ def _coerce(value: Any, hint: Any, key: str, problems: list[Problem]) -> Any:
             problems.append(Problem(key, value, "must be a finite number"))
             return None
         return float(value)
+    if hint is int and isinstance(value, int | float) and not isinstance(value, bool) and abs(value) > INT32_MAX:
+        problems.append(Problem(key, value, f"must be a whole number of at most {INT32_MAX} (Kubernetes and AWS "
+                                            "take 32-bit integers)"))
+        return None
     if hint is int and isinstance(value, float) and value.is_integer():
         return int(value)
     if hint is str and isinstance(value, bool | int | float):

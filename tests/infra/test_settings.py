@@ -11,6 +11,7 @@ import pytest
 
 from components import versions
 from components.settings import Secrets, SettingsError
+from components.settings_parser import parse_settings
 from tests.harness import SECRETS, parse, settings_error
 from tests.harness import raw_settings as raw
 
@@ -467,3 +468,22 @@ def test_an_unquoted_version_is_told_to_be_quoted():
     config = raw("p5")
     config["cluster"]["kubernetesVersion"] = 1.30
     assert "cluster.kubernetesVersion = 1.3: must be a string: quote it" in errors(config)
+
+
+@pytest.mark.parametrize("section, key, value", [("job", "maxRestarts", 10**12), ("gpuNodes", "maxSize", 1e300),
+                                                 ("job", "seqLen", 2**31)])
+def test_a_number_beyond_32_bits_is_named(section, key, value):
+    """Kubernetes' int32 fields (a PyTorchJob's maxRestarts, replicas) and AWS API Integers (a node
+    group's sizes) take at most 2**31 - 1: beyond, refused at preview, not by the API during `up`."""
+    config = raw("p5")
+    config[section][key] = value
+    assert f"{section}.{key} = {value!r}: must be a whole number of at most 2147483647" in errors(config)
+
+
+def test_a_stack_without_its_region_is_told_to_set_it():
+    """``aws:region`` unset: preview names it (before: a ValueError from the EFA plugin's image
+    registry, after the first resources were registered)."""
+    with pytest.raises(SettingsError) as info:
+        parse_settings(raw("p5"), project="fsdp-eks", stack="p5", region="", secrets=SECRETS)
+    [problem] = info.value.problems
+    assert str(problem).startswith("(aws:region) = '': set the stack's AWS region: pulumi config set aws:region")

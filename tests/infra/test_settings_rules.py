@@ -173,6 +173,14 @@ CASES = [
      "gpuNodes.placementGroupName", "1-255 ASCII characters"),
     ("placement-group-name-not-ascii", "p4de", {"gpuNodes.placementGroupName": "grüppe"}, SECRETS,
      "gpuNodes.placementGroupName", "1-255 ASCII characters"),
+    # names: Kubernetes' own namespaces (Kubernetes docs, "Namespaces") and the monitoring stack's
+    ("job-namespace-of-kubernetes", "p5", {"job.namespace": "kube-system"}, SECRETS,
+     "job.namespace", "not one that Kubernetes or the monitoring stack owns"),
+    ("job-namespace-of-monitoring", "p5", {"job.namespace": "monitoring"}, SECRETS,
+     "job.namespace", "not one that Kubernetes or the monitoring stack owns"),
+    # the region (the harness takes it from the GPU AZ, as the stack files set aws:region)
+    ("region-without-known-registry", "p5", {"gpuNodes.availabilityZone": "xx-moon-1a"}, SECRETS,
+     "(aws:region)", "EKS add-on image registry is known"),
     # the memory-fit rule (components/planning/memory_fit.py; its estimate is tested in test_memory_fit.py)
     ("unknown-model-without-size", "p5", {"job.model": "mistralai/Mistral-7B-v0.1"}, SECRETS,
      "job.modelParameters", "not in the GPU-memory fit check's table"),
@@ -224,6 +232,8 @@ ACCEPTED = [
     ("retention-compound", "p5", {"observability.prometheusRetention": "1w3d"}),
     ("prometheus-volume-10", "p5", {"observability.prometheusStorageGiB": 10}),
     ("observability-off-without-password", "p5", {"observability.enabled": False}),
+    ("job-namespace-monitoring-without-monitoring", "p5", {"job.namespace": "monitoring",
+                                                            "observability.enabled": False}),
     ("fsx-2400", "p5", {"storage.fsxStorageCapacityGiB": 2400}),
     ("fsx-4800", "p5", {"storage.fsxStorageCapacityGiB": 4800}),
     ("fsx-throughput-1000", "p5", {"storage.fsxThroughputPerTiB": 1000}),

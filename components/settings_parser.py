@@ -305,6 +305,20 @@ def _plaintext_secret(stack: str, key: str) -> Problem:
                                 "by anyone with the file)")
 
 
+def _is_near_namespace(namespace: str) -> bool:
+    """``namespace`` is the project's misspelt (``fsdp_eks``, ``fsdpeks``, ``fsdp-ek``)."""
+    return namespace != NAMESPACE and (
+        _normalized(namespace) == _normalized(NAMESPACE)
+        or difflib.SequenceMatcher(None, namespace.lower(), NAMESPACE).ratio() >= 0.8)
+
+
+def _misspelt_namespace(key: str) -> Problem:
+    """A key under a misspelt namespace: the program reads only ``fsdp-eks:`` keys, so it is ignored."""
+    namespace, _, name = key.partition(":")
+    return Problem(f"({key})", namespace, f"not the project's namespace, so the key is ignored: write "
+                                          f"{NAMESPACE}:{name}")
+
+
 def _names_any(problem: Problem, keys: Collection[str]) -> bool:
     """``problem`` is about one of ``keys`` or a key under one, or its fix names one (``gpuNodes.maxSize``
     in a fix names ``gpuNodes``)."""
@@ -329,10 +343,12 @@ def parse_settings(
     region: str,
     secrets: Secrets | None = None,
     plaintext_secrets: Collection[str] = (),
+    other_keys: Collection[str] = (),
 ) -> Settings:
     """Turn the ``fsdp-eks:*`` keys of a stack (without namespace, values parsed) into Settings.
 
-    ``plaintext_secrets``: the secret keys the stack file holds without ``--secret``.
+    ``plaintext_secrets``: the secret keys the stack file holds without ``--secret``;
+    ``other_keys``: the stack's keys of other namespaces (``aws:region``), for a misspelt namespace.
     Raises ``SettingsError`` listing every problem found: parsing and validation both. A value
     that cannot be read (a wrong type, an unknown profile, a section that is not an object) is
     named, and the rules still run on the rest: with the default in its place, keeping only the
@@ -341,6 +357,7 @@ def parse_settings(
     problems = [_unknown_key(None, key, value, TOP_LEVEL_KEYS) for key, value in raw.items()
                 if key not in TOP_LEVEL_KEYS]
     problems += [_plaintext_secret(stack, key) for key in plaintext_secrets]
+    problems += [_misspelt_namespace(key) for key in other_keys if _is_near_namespace(key.partition(":")[0])]
     profile_name = raw.get("profile")
     profile = PROFILES.get(profile_name) if isinstance(profile_name, str) else None
     if profile is None:
@@ -416,7 +433,7 @@ def load_settings() -> Settings:
     region = pulumi.Config("aws").get("region") or ""
     settings = parse_settings(
         raw, project=pulumi.get_project(), stack=pulumi.get_stack(), region=region, secrets=secrets,
-        plaintext_secrets=plaintext,
+        plaintext_secrets=plaintext, other_keys=[key for key in keys if not key.startswith(prefix)],
     )
     for warning in settings_warnings(settings):
         pulumi.log.warn(str(warning))

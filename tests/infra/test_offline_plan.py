@@ -94,9 +94,10 @@ def test_the_plan_of_a_file_that_is_no_stack_file_is_one_message(stack_file, fou
 
 
 def test_the_plan_of_a_wrong_stack_file_lists_every_problem(tmp_path, monkeypatch):
-    """The reviewer's path: the stack file changed in several places, the plan refuses it with
-    every problem at once (the unknown profile hid the others before), the secret it gives in
-    plain text named but not repeated, and no traceback."""
+    """A stack file wrong in several places: the plan refuses it with every problem at once (the
+    unknown profile hid the others before), the secret it gives in plain text named but not
+    repeated, a key under a misspelt namespace named (the program reads only fsdp-eks: keys: it
+    was ignored), and no traceback."""
     token = "hf_PlainTextTokenInTheStackFile42"
     stack_file = yaml.safe_dump({"config": {
         "aws:region": "us-west-2",
@@ -105,10 +106,11 @@ def test_the_plan_of_a_wrong_stack_file_lists_every_problem(tmp_path, monkeypatc
         "fsdp-eks:network": {"vpcCidr": "bad", "availabilityZones": ["us-west-2a", "us-west-2c"]},
         "fsdp-eks:gpuNodes": {"availabilityZone": "us-west-2c", "desiredSise": 2},
         "fsdp-eks:job": {"seqLen": 4, "nodes": 1},
+        "fsdp_eks:storage": {"fsx": True},
     }})
     message = plan_of(stack_file, tmp_path, monkeypatch)
     for problem in ("fsdp-eks:profile = 'p6'", "fsdp-eks:hfToken = '(not shown)': stored in plain text",
                     "fsdp-eks:network.vpcCidr = 'bad'", "fsdp-eks:gpuNodes.desiredSise = 2: unknown key",
-                    "fsdp-eks:job.seqLen = 4"):
+                    "fsdp-eks:job.seqLen = 4", "(fsdp_eks:storage) = 'fsdp_eks': not the project's namespace"):
         assert problem in message, message
     assert token not in message and "Traceback" not in message

@@ -72,6 +72,9 @@ def _coerce(value: Any, hint: Any, key: str, problems: list[Problem]) -> Any:
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
         options = [a for a in typing.get_args(hint) if a is not type(None)]
+        if isinstance(value, str) and not value.strip() and options[0] is str:  # unset is None, not ""
+            problems.append(Problem(key, value, "is empty: give a value, or remove the key (unset is none)"))
+            return None
         return None if value is None else _coerce(value, options[0], key, problems)
     if origin is Literal:
         allowed = typing.get_args(hint)

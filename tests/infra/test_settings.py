@@ -487,3 +487,17 @@ def test_a_stack_without_its_region_is_told_to_set_it():
         parse_settings(raw("p5"), project="fsdp-eks", stack="p5", region="", secrets=SECRETS)
     [problem] = info.value.problems
     assert str(problem).startswith("(aws:region) = '': set the stack's AWS region: pulumi config set aws:region")
+
+
+@pytest.mark.parametrize("section, key", [("cluster", "existingClusterName"), ("network", "existingVpcId"),
+                                          ("gpuNodes", "capacityReservationId"), ("gpuNodes", "placementGroupName"),
+                                          ("observability", "alertSnsTopicArn"), ("storage", "existingClaimName")])
+def test_an_empty_optional_name_is_named_once(section, key):
+    """``key: ""`` for a key whose unset value is none: one problem on it. Before, an empty
+    existingClusterName meant an existing cluster (and refused storage.fsx for it), an empty
+    existingVpcId asked for subnets."""
+    config = raw("p5")
+    config[section][key] = ""
+    found = problems_of(config)
+    assert found == {f"{section}.{key}": [f"fsdp-eks:{section}.{key} = '': is empty: give a value, or remove "
+                                         "the key (unset is none)"]}, found

@@ -79,7 +79,7 @@ def _coerce(value: Any, hint: Any, key: str, problems: list[Problem]) -> Any:
     if origin is Literal:
         allowed = typing.get_args(hint)
         if value not in allowed:
-            problems.append(Problem(key, value, f"use one of {', '.join(map(str, allowed))}"))
+            problems.append(Problem(key, value, _one_of(value, {str(a): str(a) for a in allowed})))
             return None
         return value
     if origin is tuple:
@@ -110,6 +110,15 @@ def _coerce(value: Any, hint: Any, key: str, problems: list[Problem]) -> Any:
         problems.append(Problem(key, value, f"must be {names.get(hint, hint.__name__)}"))
         return None
     return value
+
+
+def _one_of(value: Any, allowed: Mapping[str, str]) -> str:
+    """The fix of a value that must be one of ``allowed`` (name -> what it is, when not just the
+    name), with the one meant when ``value`` spells it otherwise (``full_shard``, ``BF16``) or
+    names what it is (``p5.48xlarge``)."""
+    meant = [name for name, what in allowed.items()
+             if isinstance(value, str) and _normalized(value) in (_normalized(name), _normalized(what))]
+    return (f"did you mean {meant[0]}? " if meant else "") + f"use one of {', '.join(allowed)}"
 
 
 def _null_allowed(value: Any, hint: Any) -> bool:
@@ -364,9 +373,10 @@ def parse_settings(
     profile_name = raw.get("profile")
     profile = PROFILES.get(profile_name) if isinstance(profile_name, str) else None
     if profile is None:
-        problems.append(
-            Problem("profile", profile_name, f"use one of {', '.join(PROFILES)} (components/planning/hardware.py)")
-        )
+        instance_types = {name: row.instance_type for name, row in PROFILES.items()}
+        problems.append(Problem("profile", profile_name,
+                                f"{_one_of(profile_name, instance_types)} (components/planning/hardware.py: "
+                                f"{', '.join(f'{n} is {t}' for n, t in instance_types.items())})"))
     sections = {
         key: _parse_job(raw.get(key, {}), problems) if cls is JobSettings
         else _parse_dataclass(raw.get(key, {}), cls, key, problems)

@@ -501,3 +501,16 @@ def test_an_empty_optional_name_is_named_once(section, key):
     found = problems_of(config)
     assert found == {f"{section}.{key}": [f"fsdp-eks:{section}.{key} = '': is empty: give a value, or remove "
                                          "the key (unset is none)"]}, found
+
+
+@pytest.mark.parametrize("section, key, value, meant", [
+    (None, "profile", "p5.48xlarge", "p5"), (None, "profile", "P4DE", "p4de"),
+    ("job", "sharding", "full_shard", "FULL_SHARD"), ("job", "precision", "BF16", "bf16"),
+    ("job", "activationCheckpointing", "Selective", "selective"), ("cluster", "supportType", "extended", "EXTENDED"),
+])
+def test_a_choice_spelt_otherwise_names_the_one_meant(section, key, value, meant):
+    """Checked against the profile table (p5 is p5.48xlarge) and the choices' exact spellings."""
+    config = raw("p5")
+    (config if section is None else config[section])[key] = value
+    dotted = key if section is None else f"{section}.{key}"
+    assert f"{dotted} = {value!r}: did you mean {meant}? use one of " in errors(config)

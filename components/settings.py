@@ -342,8 +342,9 @@ class SettingsError(ValueError):
 
 
 def job_node_bounds(job: JobSettings) -> tuple[int, int]:
-    """Elastic bounds of the job: min = max = nodes unless asked otherwise."""
-    return (job.min_nodes or job.nodes, job.max_nodes or job.nodes)
+    """Elastic bounds of the job: min = max = nodes unless asked otherwise (0 is asked: refused)."""
+    return (job.nodes if job.min_nodes is None else job.min_nodes,
+            job.nodes if job.max_nodes is None else job.max_nodes)
 
 
 def gpus_per_node(job: JobSettings, profile: HardwareProfile) -> int:

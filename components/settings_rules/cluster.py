@@ -6,6 +6,7 @@ import ipaddress
 import re
 
 from components import versions
+from components.network import MAX_AVAILABILITY_ZONES
 from components.settings import Problem, Settings
 
 
@@ -16,19 +17,29 @@ def network_rules(s: Settings) -> list[Problem]:
     problems = []
     if n.existing_vpc_id is None:
         try:
-            net = ipaddress.ip_network(n.vpc_cidr)
+            net = ipaddress.IPv4Network(n.vpc_cidr)
             if net.prefixlen > 20:
                 problems.append(
                     Problem("network.vpcCidr", n.vpc_cidr, "use a /20 or larger block (e.g. 10.0.0.0/16): "
                             "pods take VPC IPs")
                 )
+            if net.prefixlen < 16:
+                problems.append(Problem("network.vpcCidr", n.vpc_cidr, "use a /16 to /20 block: a VPC's CIDR is "
+                                        "at most a /16 (EC2 CreateVpc), e.g. 10.0.0.0/16"))
         except ValueError:
             problems.append(Problem("network.vpcCidr", n.vpc_cidr, "give an IPv4 CIDR such as 10.0.0.0/16"))
-        if len(n.availability_zones) < 2:
+        azs = n.availability_zones
+        if len(set(azs)) < 2:
             problems.append(
-                Problem("network.availabilityZones", list(n.availability_zones),
+                Problem("network.availabilityZones", list(azs),
                         "list at least two AZs of the region (EKS requires subnets in two AZs)")
             )
+        problems += [Problem("network.availabilityZones", az, "listed twice: list each AZ once")
+                     for az in sorted({az for az in azs if azs.count(az) > 1})]
+        if len(azs) > MAX_AVAILABILITY_ZONES:
+            problems.append(Problem("network.availabilityZones", list(azs),
+                                    f"list at most {MAX_AVAILABILITY_ZONES} AZs (the subnet plan of "
+                                    "components/network.py): the GPU AZ and a few others are enough"))
     else:
         if not VPC_ID.fullmatch(n.existing_vpc_id):
             problems.append(Problem("network.existingVpcId", n.existing_vpc_id,

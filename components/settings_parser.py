@@ -28,6 +28,7 @@ from collections.abc import Collection, Mapping
 from typing import Any, Literal, Union
 
 from components.planning.hardware import PROFILES
+from components.preflight import account_problems
 from components.settings import (
     NAMESPACE,
     SCALAR_KEYS,
@@ -359,12 +360,35 @@ def parse_settings(
 ) -> Settings:
     """Turn the ``fsdp-eks:*`` keys of a stack (without namespace, values parsed) into Settings.
 
+    Raises ``SettingsError`` listing every problem found: parsing and validation both
+    (``read_settings``, whose arguments these are).
+    """
+    settings, problems = read_settings(raw, project=project, stack=stack, region=region, secrets=secrets,
+                                       plaintext_secrets=plaintext_secrets, other_keys=other_keys)
+    if problems:
+        raise SettingsError(stack, problems)
+    return settings
+
+
+def read_settings(
+    raw: Mapping[str, Any],
+    *,
+    project: str,
+    stack: str,
+    region: str,
+    secrets: Secrets | None = None,
+    plaintext_secrets: Collection[str] = (),
+    other_keys: Collection[str] = (),
+) -> tuple[Settings, list[Problem]]:
+    """The Settings of a stack's ``fsdp-eks:*`` keys (without namespace, values parsed) and every
+    problem found, parsing and validation both, each as preview prints it.
+
     ``plaintext_secrets``: the secret keys the stack file holds without ``--secret``;
     ``other_keys``: the stack's keys of other namespaces (``aws:region``), for a misspelt namespace.
-    Raises ``SettingsError`` listing every problem found: parsing and validation both. A value
-    that cannot be read (a wrong type, an unknown profile, a section that is not an object) is
-    named, and the rules still run on the rest: with the default in its place, keeping only the
-    problems that do not name it; with an unknown profile, the problems every profile has.
+    A value that cannot be read (a wrong type, an unknown profile, a section that is not an object)
+    is named, and the rules still run on the rest: with the default in its place, keeping only the
+    problems that do not name it; with an unknown profile, the problems every profile has (the
+    Settings returned then carry the first profile: use them only when there is no problem).
     """
     problems = [_unknown_key(None, key, value, TOP_LEVEL_KEYS) for key, value in raw.items()
                 if key not in TOP_LEVEL_KEYS]
@@ -403,9 +427,17 @@ def parse_settings(
         runs.append((settings, [p for rule in RULES for p in rule(settings)]))
     everywhere = set.intersection(*({str(p) for p in found} for _, found in runs))
     problems += [p for p in runs[0][1] if str(p) in everywhere and not _names_any(p, unread)]
-    if problems:
-        raise SettingsError(stack, [_shown(p) for p in problems])
-    return runs[0][0]
+    return runs[0][0], [_shown(p) for p in problems]
+
+
+def _account_problems_beside(settings: Settings, problems: list[Problem]) -> list[Problem]:
+    """What the account says of settings that have problems already, so that one preview lists
+    both: asked only when the profile and the region were read, and keeping only what names no key
+    already named."""
+    named = {p.key for p in problems}
+    if {"profile", "(aws:region)"} & named:
+        return []
+    return [_shown(p) for p in account_problems(settings)[0] if not _names_any(p, named)]
 
 
 # --------------------------------------------------------------------------- the Pulumi reader
@@ -444,10 +476,12 @@ def load_settings() -> Settings:
         alert_slack_webhook=secret("alertSlackWebhook"),
     )
     region = pulumi.Config("aws").get("region") or ""
-    settings = parse_settings(
+    settings, problems = read_settings(
         raw, project=pulumi.get_project(), stack=pulumi.get_stack(), region=region, secrets=secrets,
         plaintext_secrets=plaintext, other_keys=[key for key in keys if not key.startswith(prefix)],
     )
+    if problems:  # with what the account says (else build_stack's preflight asks it)
+        raise SettingsError(settings.stack, problems + _account_problems_beside(settings, problems))
     for warning in settings_warnings(settings):
         pulumi.log.warn(str(warning))
     return settings

@@ -143,6 +143,26 @@ def test_preview_refuses_a_gpu_az_without_the_instance_type_and_names_where_it_i
     assert created == []
 
 
+def test_what_the_account_says_comes_with_the_stack_files_problems():
+    """One preview: a stack file with problems of its own (a malformed CIDR, an unpinned
+    Kubernetes version) and a GPU AZ the account is not offered the instance in (the example
+    offerings: p5.48xlarge in us-west-2a and 2c) lists all of them, not the file's first and the
+    account's at the next run. What names a key already refused (an AZ of another region) is not
+    asked again; an unknown profile or region asks the account nothing."""
+    config = variant_config("p5", network={"vpcCidr": "10.0.0/16"}, cluster={"kubernetesVersion": "1.20"},
+                            gpuNodes={"availabilityZone": "us-west-2b"})
+    message, created = refused(config, "p5-both")
+    assert "fsdp-eks:network.vpcCidr = '10.0.0/16'" in message
+    assert "fsdp-eks:cluster.kubernetesVersion = '1.20'" in message
+    assert "fsdp-eks:gpuNodes.availabilityZone = 'us-west-2b': p5.48xlarge is not offered" in message
+    assert created == []
+    config = variant_config("p5", network={"vpcCidr": "10.0.0/16"}, gpuNodes={"availabilityZone": "eu-west-1a"})
+    message, _ = refused(config, "p5-other-region")
+    assert "is not offered" not in message and "eu-west-1a': give an AZ name of the stack's region" in message
+    message, _ = refused(variant_config("p5", profile="p6", gpuNodes={"availabilityZone": "us-west-2b"}), "p5-p6")
+    assert "is not offered" not in message and "fsdp-eks:profile = 'p6'" in message
+
+
 # --------------------------------------------------------------------------- GPU quota, creator, add-on pins
 
 

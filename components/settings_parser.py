@@ -308,6 +308,11 @@ def _unknown_key(section: str | None, raw_key: str, value: Any, known: list[str]
     if secret is not None:
         return Problem(key, HIDDEN, "a secret, here in plain text in the stack file: remove it and run "
                                     f"`pulumi config set --secret {secret} <value>`")
+    head, dot, rest = raw_key.partition(".")
+    if section is None and dot and head in SECTIONS:  # `pulumi config set job.nodes 2`, without --path
+        return Problem(key, value, f"set without --path: the stack file has a key named {raw_key!r}, not "
+                                   f"{rest} inside {head}. Run `pulumi config rm {raw_key}` and "
+                                   f"`pulumi config set --path {raw_key} <value>`")
     return Problem(key, value, f"unknown key{_suggestion(section, raw_key, known)}; known: {', '.join(known)}")
 
 

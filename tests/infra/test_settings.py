@@ -514,3 +514,14 @@ def test_a_choice_spelt_otherwise_names_the_one_meant(section, key, value, meant
     (config if section is None else config[section])[key] = value
     dotted = key if section is None else f"{section}.{key}"
     assert f"{dotted} = {value!r}: did you mean {meant}? use one of " in errors(config)
+
+
+def test_a_key_set_without_path_says_so():
+    """Checked against Pulumi's config keys: ``pulumi config set job.nodes 2`` without ``--path``
+    stores a top-level key named ``job.nodes`` (a key is ``<namespace>:<name>``, and the name may
+    hold dots); ``--path`` sets ``nodes`` inside the ``job`` object."""
+    config = raw("p5")
+    config["job.nodes"] = 1
+    [message] = problems_of(config)["job.nodes"]
+    assert "set without --path" in message
+    assert "`pulumi config rm job.nodes` and `pulumi config set --path job.nodes <value>`" in message

@@ -245,6 +245,10 @@ SECRET_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{8,}|hooks\.slack\.com/|-----BEGIN [
 """A value that looks like one of the stack's secrets (a Hugging Face token, a Slack webhook) or a key."""
 
 
+PROVIDER_KEYS = {"region": "aws:region"}
+"""A key of another namespace that a stack file may give under ours (``fsdp-eks:region``)."""
+
+
 def _normalized(name: str) -> str:
     """A key as a near-miss spells it: case, ``_`` and ``-`` ignored (``batch_size`` is ``batchSize``)."""
     return re.sub(r"[-_\s]", "", name).lower()
@@ -294,6 +298,8 @@ def _suggestion(section: str | None, raw_key: str, known: list[str]) -> str:
     if elsewhere:
         where, key = elsewhere[0]
         return f": it belongs {'at the top level' if where is None else 'in ' + where}: {_dotted(where, key)}"
+    if section is None and _normalized(raw_key) in PROVIDER_KEYS:
+        return f": it belongs to the AWS provider: {PROVIDER_KEYS[_normalized(raw_key)]}"
     close = difflib.get_close_matches(raw_key.lower(), [k.lower() for k in known], n=1, cutoff=0.8)
     if close:
         return f": did you mean {_dotted(section, next(k for k in known if k.lower() == close[0]))}?"

@@ -413,6 +413,7 @@ def test_a_refused_value_is_named_once(section, key, value):
     (None, "prfile", "did you mean profile?"),
     (None, "gpu_nodes", "did you mean gpuNodes?"),
     (None, "nodes", "it belongs in job: job.nodes"),
+    (None, "region", "it belongs to the AWS provider: aws:region"),
 ])
 def test_a_misspelt_or_misplaced_key_names_the_key_meant(section, key, meant):
     config = raw("p5")

@@ -444,11 +444,20 @@ def read_settings(
 def _account_problems_beside(settings: Settings, problems: list[Problem]) -> list[Problem]:
     """What the account says of settings that have problems already, so that one preview lists
     both: asked only when the profile and the region were read, and keeping only what names no key
-    already named."""
+    already named. An account that cannot be asked (no credentials) leaves the file's problems
+    alone, with a warning: they must not wait for the account."""
+    import pulumi
+
     named = {p.key for p in problems}
     if {"profile", "(aws:region)"} & named:
         return []
-    return [_shown(p) for p in account_problems(settings)[0] if not _names_any(p, named)]
+    try:
+        found, _ = account_problems(settings)
+    except Exception as error:  # an invoke's failure: any type the provider raises
+        pulumi.log.warn(f"the AWS account was not asked about this configuration ({error}); "
+                        "its checks run once the problems below are fixed")
+        return []
+    return [_shown(p) for p in found if not _names_any(p, named)]
 
 
 # --------------------------------------------------------------------------- the Pulumi reader

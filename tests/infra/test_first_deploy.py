@@ -163,6 +163,26 @@ def test_what_the_account_says_comes_with_the_stack_files_problems():
     assert "is not offered" not in message and "fsdp-eks:profile = 'p6'" in message
 
 
+class NoCredentials(AwsLikeMocks):
+    """An account that cannot be asked: every invoke fails as the AWS provider fails one without
+    credentials (an error in the invoke's response, which the SDK raises at the call)."""
+
+    def call(self, args):
+        return {}, [("", "no valid credential sources found")]
+
+
+def test_a_stack_files_problems_do_not_wait_for_the_account(monkeypatch):
+    """Without credentials the account's checks fail; the file's own problems are still listed,
+    alone, with a warning that the account was not asked."""
+    warned: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warned.append(message))
+    config = variant_config("p5", network={"vpcCidr": "10.0.0/16"})
+    with pytest.raises(SettingsError) as info:
+        run_program(config, "p5-no-credentials", mocks=NoCredentials("us-west-2"))
+    assert [p.key for p in info.value.problems] == ["network.vpcCidr"]
+    assert any("the AWS account was not asked" in w and "no valid credential sources" in w for w in warned), warned
+
+
 # --------------------------------------------------------------------------- GPU quota, creator, add-on pins
 
 

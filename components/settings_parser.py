@@ -108,9 +108,20 @@ def _coerce(value: Any, hint: Any, key: str, problems: list[Problem]) -> Any:
         return None
     if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
         names = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
-        problems.append(Problem(key, value, f"must be {names.get(hint, hint.__name__)}"))
+        unquote = ": write it without quotes in the stack file" if isinstance(value, str) and _reads_as(value, hint) else ""
+        problems.append(Problem(key, value, f"must be {names.get(hint, hint.__name__)}{unquote}"))
         return None
     return value
+
+
+def _reads_as(text: str, hint: Any) -> bool:
+    """``text`` is a ``hint`` value in quotes (``"2"`` for a whole number, ``"true"``)."""
+    if hint is bool:
+        return text.strip().lower() in ("true", "false")
+    try:
+        return hint in (int, float) and float(text) == hint(float(text))
+    except (ValueError, OverflowError):
+        return False
 
 
 def _one_of(value: Any, allowed: Mapping[str, str]) -> str:

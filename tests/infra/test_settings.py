@@ -526,3 +526,16 @@ def test_a_key_set_without_path_says_so():
     [message] = problems_of(config)["job.nodes"]
     assert "set without --path" in message
     assert "`pulumi config rm job.nodes` and `pulumi config set --path job.nodes <value>`" in message
+
+
+@pytest.mark.parametrize("section, key, value, unquote", [
+    ("job", "nodes", "2", True), ("storage", "fsx", "true", True), ("job", "learningRate", "2e-5", True),
+    ("job", "nodes", "2.5", False), ("job", "nodes", "two", False), ("storage", "fsx", "yes", False),
+])
+def test_a_quoted_number_or_boolean_is_told_to_lose_its_quotes(section, key, value, unquote):
+    """YAML reads ``nodes: "2"`` as a string: refused for a number, saying the quotes are the
+    problem when the text is one (and only then)."""
+    config = raw("p5")
+    config[section][key] = value
+    [message] = problems_of(config)[f"{section}.{key}"]
+    assert message.endswith(": write it without quotes in the stack file") == unquote, message

@@ -5,8 +5,8 @@ stack file into the typed, keyword-only dataclasses of ``components/settings.py`
 unknown keys (naming the key probably meant), then runs every rule of
 ``components/settings_rules/`` and raises one ``SettingsError`` listing every problem at once:
 the key, the bad value and the fix. A value it cannot read does not stop the rules: they run on
-the rest. A value that may be a secret is never repeated in a problem. It runs at preview,
-before anything is created.
+the rest. A value that may be a secret is never repeated in a problem (how a problem is told:
+``components/settings_problems.py``). It runs at preview, before anything is created.
 
 The job's training keys are the training package's own fields (``training/config.py``): each
 ``job.<camelCase>`` key is parsed with the field's type and validated by the package's own rules,
@@ -18,7 +18,6 @@ The parsing half (``parse_settings``) is pure: tests call it with plain dictiona
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
 import re
@@ -46,6 +45,16 @@ from components.settings import (
     SettingsError,
     StorageSettings,
     training_defaults,
+)
+from components.settings_problems import (
+    HIDDEN,
+    dotted,
+    is_near_namespace,
+    names_any,
+    one_of,
+    secret_key_named,
+    shown,
+    suggestion,
 )
 from components.settings_rules import RULES, WARNINGS
 from training import config as training_config
@@ -80,7 +89,7 @@ def _coerce(value: Any, hint: Any, key: str, problems: list[Problem]) -> Any:
     if origin is Literal:
         allowed = typing.get_args(hint)
         if value not in allowed:
-            problems.append(Problem(key, value, _one_of(value, {str(a): str(a) for a in allowed})))
+            problems.append(Problem(key, value, one_of(value, {str(a): str(a) for a in allowed})))
             return None
         return value
     if origin is tuple:
@@ -122,15 +131,6 @@ def _reads_as(text: str, hint: Any) -> bool:
         return hint in (int, float) and float(text) == hint(float(text))
     except (ValueError, OverflowError):
         return False
-
-
-def _one_of(value: Any, allowed: Mapping[str, str]) -> str:
-    """The fix of a value that must be one of ``allowed`` (name -> what it is, when not just the
-    name), with the one meant when ``value`` spells it otherwise (``full_shard``, ``BF16``) or
-    names what it is (``p5.48xlarge``)."""
-    meant = [name for name, what in allowed.items()
-             if isinstance(value, str) and _normalized(value) in (_normalized(name), _normalized(what))]
-    return (f"did you mean {meant[0]}? " if meant else "") + f"use one of {', '.join(allowed)}"
 
 
 def _null_allowed(value: Any, hint: Any) -> bool:
@@ -248,80 +248,16 @@ def _parse_job(raw: Any, problems: list[Problem]) -> JobSettings | None:
 TOP_LEVEL_KEYS = [*SCALAR_KEYS, *SECTIONS, *SECRET_KEYS]
 """The keys of the stack file's namespace (``fsdp-eks:<key>``)."""
 
-HIDDEN = "(not shown)"
-"""What a problem shows in place of a value that may be a secret."""
-SECRET_NAME = re.compile(r"token|password|passwd|secret|webhook|api_?key|private_?key|credential", re.IGNORECASE)
-"""A key named like a secret: its value is never shown, wherever it is."""
-SECRET_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{8,}|hooks\.slack\.com/|-----BEGIN [A-Z ]*PRIVATE KEY")
-"""A value that looks like one of the stack's secrets (a Hugging Face token, a Slack webhook) or a key."""
-
-
-PROVIDER_KEYS = {"region": "aws:region"}
-"""A key of another namespace that a stack file may give under ours (``fsdp-eks:region``)."""
-
-
-def _normalized(name: str) -> str:
-    """A key as a near-miss spells it: case, ``_`` and ``-`` ignored (``batch_size`` is ``batchSize``)."""
-    return re.sub(r"[-_\s]", "", name).lower()
-
-
-def _secret_key_named(name: str) -> str | None:
-    """The secret key that ``name`` spells, however cased (``hf_token``, ``HFToken`` -> ``hfToken``)."""
-    return next((k for k in SECRET_KEYS if _normalized(k) == _normalized(name)), None)
-
-
-def _may_be_secret(value: Any) -> bool:
-    if isinstance(value, str):
-        return bool(SECRET_VALUE.search(value))
-    if isinstance(value, Mapping):
-        return any(SECRET_NAME.search(str(k)) or _may_be_secret(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_may_be_secret(v) for v in value)
-    return False
-
-
-def _shown(problem: Problem) -> Problem:
-    """``problem`` as preview prints it: its value hidden where the key is named like a secret or
-    the value looks like one (a token pasted into the wrong key must not reach the log)."""
-    named_secret = SECRET_NAME.search(problem.key.rsplit(".", 1)[-1]) and problem.value is not None
-    if problem.value != HIDDEN and (named_secret or _may_be_secret(problem.value)):
-        return dataclasses.replace(problem, value=HIDDEN)
-    return problem
-
-
 def _keys_by_section() -> dict[str | None, list[str]]:
     """Every key a stack file may give: None -> the top-level keys, section -> its keys."""
     return {None: TOP_LEVEL_KEYS, **{section: section_keys(cls) for section, cls in SECTIONS.items()}}
 
 
-def _dotted(section: str | None, key: str) -> str:
-    return key if section is None else f"{section}.{key}"
-
-
-def _suggestion(section: str | None, raw_key: str, known: list[str]) -> str:
-    """What ``raw_key`` was probably meant to be: the same key spelt otherwise, the key in another
-    section (``gpuNodes.nodes`` -> ``job.nodes``), or a close spelling; "" when nothing is close."""
-    same = [k for k in known if _normalized(k) == _normalized(raw_key)]
-    if same:
-        return f": did you mean {_dotted(section, same[0])}?"
-    elsewhere = [(s, k) for s, keys in _keys_by_section().items() if s != section
-                 for k in keys if _normalized(k) == _normalized(raw_key)]
-    if elsewhere:
-        where, key = elsewhere[0]
-        return f": it belongs {'at the top level' if where is None else 'in ' + where}: {_dotted(where, key)}"
-    if section is None and _normalized(raw_key) in PROVIDER_KEYS:
-        return f": it belongs to the AWS provider: {PROVIDER_KEYS[_normalized(raw_key)]}"
-    close = difflib.get_close_matches(raw_key.lower(), [k.lower() for k in known], n=1, cutoff=0.8)
-    if close:
-        return f": did you mean {_dotted(section, next(k for k in known if k.lower() == close[0]))}?"
-    return ""
-
-
 def _unknown_key(section: str | None, raw_key: str, value: Any, known: list[str]) -> Problem:
     """The problem of a key the stack does not know: a secret written where it would be plain text
     (refused, naming the secret key to set), or a misspelt or misplaced key with what was meant."""
-    key = _dotted(section, raw_key)
-    secret = _secret_key_named(raw_key)
+    key = dotted(section, raw_key)
+    secret = secret_key_named(raw_key)
     if secret is not None:
         return Problem(key, HIDDEN, "a secret, here in plain text in the stack file: remove it and run "
                                     f"`pulumi config set --secret {secret} <value>`")
@@ -330,7 +266,8 @@ def _unknown_key(section: str | None, raw_key: str, value: Any, known: list[str]
         return Problem(key, value, f"set without --path: the stack file has a key named {raw_key!r}, not "
                                    f"{rest} inside {head}. Run `pulumi config rm {raw_key}` and "
                                    f"`pulumi config set --path {raw_key} <value>`")
-    return Problem(key, value, f"unknown key{_suggestion(section, raw_key, known)}; known: {', '.join(known)}")
+    hint = suggestion(section, raw_key, known, _keys_by_section())
+    return Problem(key, value, f"unknown key{hint}; known: {', '.join(known)}")
 
 
 def _plaintext_secret(stack: str, key: str) -> Problem:
@@ -340,13 +277,6 @@ def _plaintext_secret(stack: str, key: str) -> Problem:
                                 "by anyone with the file)")
 
 
-def _is_near_namespace(namespace: str) -> bool:
-    """``namespace`` is the project's misspelt (``fsdp_eks``, ``fsdpeks``, ``fsdp-ek``)."""
-    return namespace != NAMESPACE and (
-        _normalized(namespace) == _normalized(NAMESPACE)
-        or difflib.SequenceMatcher(None, namespace.lower(), NAMESPACE).ratio() >= 0.8)
-
-
 def _misspelt_namespace(key: str) -> Problem:
     """A key under a misspelt namespace: the program reads only ``fsdp-eks:`` keys, so it is ignored."""
     namespace, _, name = key.partition(":")
@@ -354,20 +284,9 @@ def _misspelt_namespace(key: str) -> Problem:
                                           f"{NAMESPACE}:{name}")
 
 
-def _names_any(problem: Problem, keys: Collection[str]) -> bool:
-    """``problem`` is about one of ``keys`` or a key under one, or its fix names one (``gpuNodes.maxSize``
-    in a fix names ``gpuNodes``)."""
-    for key in keys:
-        if problem.key == key or problem.key.startswith(f"{key}.") or key.startswith(f"{problem.key}."):
-            return True
-        if re.search(rf"(?<![\w.]){re.escape(key)}" + (r"(?!\w)" if "." in key else r"\.\w"), problem.fix):
-            return True
-    return False
-
-
 def settings_warnings(settings: Settings) -> list[Problem]:
     """What preview warns about without refusing the stack (``settings_rules.WARNINGS``)."""
-    return [_shown(w) for rule in WARNINGS for w in rule(settings)]
+    return [shown(w) for rule in WARNINGS for w in rule(settings)]
 
 
 def parse_settings(
@@ -415,13 +334,13 @@ def read_settings(
     problems = [_unknown_key(None, key, value, TOP_LEVEL_KEYS) for key, value in raw.items()
                 if key not in TOP_LEVEL_KEYS]
     problems += [_plaintext_secret(stack, key) for key in plaintext_secrets]
-    problems += [_misspelt_namespace(key) for key in other_keys if _is_near_namespace(key.partition(":")[0])]
+    problems += [_misspelt_namespace(key) for key in other_keys if is_near_namespace(key.partition(":")[0])]
     profile_name = raw.get("profile")
     profile = PROFILES.get(profile_name) if isinstance(profile_name, str) else None
     if profile is None:
         instance_types = {name: row.instance_type for name, row in PROFILES.items()}
         problems.append(Problem("profile", profile_name,
-                                f"{_one_of(profile_name, instance_types)} (components/planning/hardware.py: "
+                                f"{one_of(profile_name, instance_types)} (components/planning/hardware.py: "
                                 f"{', '.join(f'{n} is {t}' for n, t in instance_types.items())})"))
     sections = {
         key: _parse_job(raw.get(key, {}), problems) if cls is JobSettings
@@ -448,8 +367,8 @@ def read_settings(
         )
         runs.append((settings, [p for rule in RULES for p in rule(settings)]))
     everywhere = set.intersection(*({str(p) for p in found} for _, found in runs))
-    problems += [p for p in runs[0][1] if str(p) in everywhere and not _names_any(p, unread)]
-    return runs[0][0], [_shown(p) for p in problems]
+    problems += [p for p in runs[0][1] if str(p) in everywhere and not names_any(p, unread)]
+    return runs[0][0], [shown(p) for p in problems]
 
 
 def _account_problems_beside(settings: Settings, problems: list[Problem]) -> list[Problem]:
@@ -468,7 +387,7 @@ def _account_problems_beside(settings: Settings, problems: list[Problem]) -> lis
         pulumi.log.warn(f"the AWS account was not asked about this configuration ({error}); "
                         "its checks run once the problems below are fixed")
         return []
-    return [_shown(p) for p in found if not _names_any(p, named)]
+    return [shown(p) for p in found if not names_any(p, named)]
 
 
 # --------------------------------------------------------------------------- the Pulumi reader

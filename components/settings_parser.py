@@ -277,8 +277,17 @@ def _plaintext_secret(stack: str, key: str) -> Problem:
                                 "by anyone with the file)")
 
 
-def _misspelt_namespace(key: str) -> Problem:
-    """A key under a misspelt namespace: the program reads only ``fsdp-eks:`` keys, so it is ignored."""
+def _is_ours_elsewhere(key: str) -> bool:
+    """``key`` (``namespace:name``) is one of ours under another namespace: a misspelt one
+    (``fsdp_eks:job``), or a provider's with a name only we use (``aws:gpuNodes``; ``aws:profile``
+    is the AWS provider's own)."""
+    namespace, _, name = key.partition(":")
+    return is_near_namespace(namespace) or (namespace != NAMESPACE and name in TOP_LEVEL_KEYS
+                                            and name not in SCALAR_KEYS)
+
+
+def _foreign_namespace(key: str) -> Problem:
+    """A key of ours under another namespace: the program reads only ``fsdp-eks:`` keys, so it is ignored."""
     namespace, _, name = key.partition(":")
     return Problem(f"({key})", namespace, f"not the project's namespace, so the key is ignored: write "
                                           f"{NAMESPACE}:{name}")
@@ -334,7 +343,7 @@ def read_settings(
     problems = [_unknown_key(None, key, value, TOP_LEVEL_KEYS) for key, value in raw.items()
                 if key not in TOP_LEVEL_KEYS]
     problems += [_plaintext_secret(stack, key) for key in plaintext_secrets]
-    problems += [_misspelt_namespace(key) for key in other_keys if is_near_namespace(key.partition(":")[0])]
+    problems += [_foreign_namespace(key) for key in other_keys if _is_ours_elsewhere(key)]
     profile_name = raw.get("profile")
     profile = PROFILES.get(profile_name) if isinstance(profile_name, str) else None
     if profile is None:

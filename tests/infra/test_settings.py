@@ -539,3 +539,16 @@ def test_a_quoted_number_or_boolean_is_told_to_lose_its_quotes(section, key, val
     config[section][key] = value
     [message] = problems_of(config)[f"{section}.{key}"]
     assert message.endswith(": write it without quotes in the stack file") == unquote, message
+
+
+def test_a_key_of_ours_under_another_namespace_is_named():
+    """The program reads only ``fsdp-eks:`` keys: one of ours under a misspelt namespace or a
+    provider's is ignored, so preview names it. ``aws:profile`` and ``aws:region`` are the AWS
+    provider's own keys (its configuration reference), not ours."""
+    others = ["aws:region", "aws:profile", "aws:gpuNodes", "fsdp_eks:job", "fsdpeks:observability", "pulumi:tags"]
+    with pytest.raises(SettingsError) as info:
+        parse_settings(raw("p5"), project="fsdp-eks", stack="p5", region="us-west-2", secrets=SECRETS,
+                       other_keys=others)
+    named = {p.key: str(p) for p in info.value.problems}
+    assert set(named) == {"(aws:gpuNodes)", "(fsdp_eks:job)", "(fsdpeks:observability)"}, named
+    assert named["(aws:gpuNodes)"].endswith("not the project's namespace, so the key is ignored: write fsdp-eks:gpuNodes")

@@ -138,7 +138,8 @@ def test_row_scales_keep_the_rows_beside_an_outlier():
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(16, layer.in_features, generator=gen).bfloat16()
         x[0] *= 100_000
-        exact = (x.float() @ layer.weight.float().t())[1:]
-        errors[recipe] = float((layer(x).float()[1:] - exact).abs().mean() / exact.abs().mean())
+        with torch.no_grad():
+            exact = (x.float() @ layer.weight.float().t())[1:]
+            errors[recipe] = float((layer(x).float()[1:] - exact).abs().mean() / exact.abs().mean())
     assert errors["rowwise"] < 0.1
     assert errors["tensorwise"] > 3 * errors["rowwise"]

@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from training.dist import DistEnv
-from training.model import canonical_name
+from training.model import WEIGHT_INDEX, canonical_name
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class Shards:
         if n > 1:
             index = {"metadata": {"total_size": self.total_bytes},
                      "weight_map": dict(sorted(weight_map.items()))}
-            (self.directory / "model.safetensors.index.json").write_text(
+            (self.directory / WEIGHT_INDEX).write_text(
                 json.dumps(index, indent=2))
 
 

@@ -18,6 +18,7 @@ from training import tiny
 from training.config import TINY_MODEL
 from training.dist import DistEnv
 from training.errors import UserError
+from training.model import model_dir_problem
 
 log = logging.getLogger(__name__)
 
@@ -99,16 +100,35 @@ def _local_model_dir(name: str) -> Path | None:
     return path
 
 
-def fetch_model(name: str, cache_dir: str | None, seed: int, env: DistEnv) -> Path:
-    """Return a local directory with the model's config, safetensors and tokenizer."""
-    if name == TINY_MODEL:
-        target = tiny.directory(cache_dir, seed)
-        return Path(on_node_leader_first(env, lambda: str(tiny.materialize(target, seed))))
-    local = _local_model_dir(name)
-    if local is not None:
-        return local
-    path = Path(on_node_leader_first(env, lambda: _download(name, cache_dir)))
+def _checked(path: Path, name: str, remedy: str) -> str:
+    """``path`` once its files read (`model.model_dir_problem`); else the UserError naming
+    the file, what is wrong and ``remedy``."""
+    problem = model_dir_problem(path)
+    if problem is not None:
+        raise UserError(f"--model {name}: {path}: {problem}; {remedy}")
+    return str(path)
+
+
+def _downloaded(name: str, cache_dir: str | None) -> str:
+    path = Path(_download(name, cache_dir))
     if not list(path.glob("*.safetensors")):
         raise UserError(f"--model {name}: the repo has no *.safetensors weights; convert the "
                         "checkpoint to safetensors first")
-    return path
+    # snapshot_download reuses what its cache holds: a damaged file stays until removed
+    return _checked(path, name, f"delete {path.parents[1]} so that it is downloaded again")
+
+
+def fetch_model(name: str, cache_dir: str | None, seed: int, env: DistEnv) -> Path:
+    """Return a local directory with the model's config, safetensors and tokenizer, its files
+    checked by each node's first process (a damaged copy is one error on every rank, before
+    the data is tokenized)."""
+    if name == TINY_MODEL:
+        target = tiny.directory(cache_dir, seed)
+        return Path(on_node_leader_first(env, lambda: _checked(
+            tiny.materialize(target, seed), name,
+            f"delete {target} so that the preset is written again")))
+    local = _local_model_dir(name)
+    if local is not None:
+        return Path(on_node_leader_first(env, lambda: _checked(
+            local, name, "copy the model directory again from its source")))
+    return Path(on_node_leader_first(env, lambda: _downloaded(name, cache_dir)))

@@ -133,6 +133,50 @@ def test_turns_out_of_the_templates_order_name_the_record(llama2_chat_model, tmp
     assert "Conversation roles must alternate" in error
 
 
+# ----------------------------------------------------------------------------- model files
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:1000])
+
+
+MODEL_DAMAGE = {
+    "config-not-json": (lambda m: (m / "config.json").write_text('{"model_type": "lla'),
+                        "config.json is not readable JSON"),
+    "truncated-weights": (lambda m: _truncate(m / "model-00001-of-00010.safetensors"),
+                          "model-00001-of-00010.safetensors is not a readable safetensors file"),
+    "shard-missing": (lambda m: (m / "model-00003-of-00010.safetensors").unlink(),
+                      "model-00003-of-00010.safetensors, named in model.safetensors.index.json, "
+                      "is missing"),
+}
+
+
+@pytest.mark.parametrize("damage", MODEL_DAMAGE)
+def test_a_damaged_model_directory_is_named_before_training(damage, tmp_path):
+    """Checked against the tiny preset's files (training/tiny.py: config.json and ten
+    safetensors files with an index), damaged here as an interrupted copy or a full disk leaves
+    them: the run ends with one error naming the directory, the file and what is wrong, before
+    the data is tokenized (before: a JSONDecodeError, SafetensorError or FileNotFoundError
+    traceback from transformers or safetensors)."""
+    model = tiny.materialize(tmp_path / "model", seed=7)
+    damage_it, says = MODEL_DAMAGE[damage]
+    damage_it(model)
+    out = finetune(tmp_path / "cache", "--model", str(model), "--dataset", str(SHIPPED), *QUICK)
+    [error] = errors(out)
+    assert f"--model {model}: {model}: {says}" in error
+    assert error.endswith("copy the model directory again from its source")
+    assert "training data:" not in out.stderr
+
+
+def test_a_damaged_tiny_preset_names_the_directory_to_delete(tmp_path):
+    """Checked against the preset's directory in --cache-dir (training/tiny.py writes it once
+    and reuses it): its config.json emptied, the run ends with one error naming the file and
+    the directory to delete so that it is written again."""
+    model = tiny.materialize(tiny.directory(str(tmp_path / "cache"), 7), seed=7)
+    (model / "config.json").write_text("")
+    [error] = errors(finetune(tmp_path / "cache", "--dataset", str(SHIPPED), *QUICK))
+    assert f"--model tiny: {model}: config.json is not readable JSON" in error
+    assert error.endswith(f"delete {model} so that the preset is written again")
+
+
 # ----------------------------------------------------------------------------- checkpoints
 BEST = ["--seq-len", "512", "--seed", "7", "--eval-every", "1", "--keep-best",
         "--checkpoint-every", "1", "--keep-checkpoints", "3"]

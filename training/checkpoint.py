@@ -21,8 +21,8 @@ Resume (``Checkpointer.resume``) takes the newest complete checkpoint, compares 
 wrote it (its RUN.json) with this one before reading any shard (a changed data order is refused
 there, training/run_record.py), verifies it (every file of the manifest present with its size
 and CRC32; the work is split over the ranks, so each rank reads about 1/world of the checkpoint
-once), and loads it. A checkpoint that fails, or whose DCP load fails without a manifest to
-vouch for it, is moved aside as ``damaged.*`` with a warning naming what is wrong, and the next
+once), and loads it. A checkpoint that fails, whose RUN.json is there but is not a run
+record, or whose DCP load fails without a manifest to vouch for it, is moved aside as ``damaged.*`` with a warning naming what is wrong, and the next
 older complete one is tried: a run never starts from step 0 while a sound checkpoint exists. A
 checkpoint that verifies but does not load is not damaged: the model or config differs from the
 run that wrote it, which is the user's to fix (an error, nothing moved). Every decision is taken
@@ -63,7 +63,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from training.dist import DistEnv
 from training.errors import UserError
-from training.run_record import compare
+from training.run_record import compare, record_problem
 
 log = logging.getLogger(__name__)
 
@@ -304,14 +304,8 @@ class Checkpointer:
         dist.broadcast_object_list(found, src=0)
         damaged: list[str] = []
         for step, path in reversed(found[0]):
-            self._refuse_another_run(step, path)
-            problems = self.verify(path)
-            if problems is None:  # verified
-                self._load_verified(path, model, optimizer, trainer)
-            elif not problems:  # no manifest (written before manifests): DCP's load is the check
-                log.warning("checkpoint %s has no %s (an older version wrote it): loading it "
-                            "unverified", path, MANIFEST)
-                problems = self._try_load(path, model, optimizer, trainer)
+            problems = (self._compare_runs(step, path)
+                        or self._verify_and_load(path, model, optimizer, trainer))
             if not problems:
                 if damaged:
                     log.warning("resumed from step %d (%s) instead of the damaged checkpoint(s) "
@@ -327,23 +321,39 @@ class Checkpointer:
                         "no older complete checkpoint: starting from step 0")
         return None
 
-    def _refuse_another_run(self, step: int, path: Path) -> None:
+    def _verify_and_load(self, path: Path, model, optimizer, trainer: TrainerState) -> list[str]:
+        """Verify the checkpoint and load it; [] when loaded, else what is damaged."""
+        problems = self.verify(path)
+        if problems is None:  # verified
+            self._load_verified(path, model, optimizer, trainer)
+            return []
+        if not problems:  # no manifest (written before manifests): DCP's load is the check
+            log.warning("checkpoint %s has no %s (an older version wrote it): loading it "
+                        "unverified", path, MANIFEST)
+            return self._try_load(path, model, optimizer, trainer)
+        return problems
+
+    def _compare_runs(self, step: int, path: Path) -> list[str]:
         """Compare the run that wrote ``path`` with this one (training/run_record.py): refuse
         a changed data order, warn of the other changes. Before the verification and the
-        load, which read all of its shards (100+ GB on a large model), for a refusal."""
+        load, which read all of its shards (100+ GB on a large model), for a refusal. Returns
+        [what is damaged] for a RUN.json that cannot be read, else []."""
         if self.run_record is None:
-            return
-        old = self.run_record_of(path)
+            return []
+        old, problem = self.run_record_of(path)
+        if problem is not None:
+            return [problem]
         if old is None:
             log.warning("checkpoint %s has no %s (an older version wrote it): what this run "
                         "changes against it is not checked", path, RUN_RECORD)
-            return
+            return []
         refused, warnings = compare(old, self.run_record, step)
         if refused:
             raise UserError(f"--checkpoint-dir {self.root}: cannot resume {path.name}: "
                             + "; ".join(refused))
         for warning in warnings:
             log.warning("resuming %s: %s", path.name, warning)
+        return []
 
     def _set_aside_unreadable(self, older: list[Path]) -> None:
         """Set aside the older checkpoints whose marker or manifest cannot be read (what
@@ -376,17 +386,22 @@ class Checkpointer:
         problems = sorted(p for ps in everyone for p in ps)
         return problems or None
 
-    def run_record_of(self, path: Path) -> dict | None:
-        """The RUN.json of a checkpoint as rank 0 reads it (None if it has none or it cannot
-        be read: a checkpoint of an older version); the same on every rank."""
-        record: list = [None]
+    def run_record_of(self, path: Path) -> tuple[dict | None, str | None]:
+        """(the RUN.json of a checkpoint, None) as rank 0 reads it; (None, None) if it has none
+        (a checkpoint of an older version); (None, what is wrong) if it cannot be read as a
+        run record. The same on every rank."""
+        shared: list = [(None, None)]
         if self.env.is_main:
             try:
-                record[0] = json.loads((path / RUN_RECORD).read_text())
-            except (OSError, ValueError):
+                record = json.loads((path / RUN_RECORD).read_text())
+                problem = record_problem(record)
+                shared[0] = (None, f"{RUN_RECORD} {problem}") if problem else (record, None)
+            except FileNotFoundError:
                 pass
-        dist.broadcast_object_list(record, src=0)
-        return record[0]
+            except (OSError, ValueError) as e:
+                shared[0] = (None, f"{RUN_RECORD} is unreadable ({e})")
+        dist.broadcast_object_list(shared, src=0)
+        return shared[0]
 
     def best(self) -> tuple[int, Path, float] | None:
         """`best_checkpoint` as rank 0 sees it, once any pending save is complete (all ranks

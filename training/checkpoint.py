@@ -25,8 +25,9 @@ once), and loads it. A checkpoint that fails, whose RUN.json is there but is not
 record, or whose DCP load fails without a manifest to vouch for it, is moved aside as ``damaged.*`` with a warning naming what is wrong, and the next
 older complete one is tried: a run never starts from step 0 while a sound checkpoint exists. A
 checkpoint that verifies but does not load is not damaged: the model or config differs from the
-run that wrote it, which is the user's to fix (an error, nothing moved). Every decision is taken
-from collectives, so it is the same on all ranks.
+run that wrote it, which is the user's to fix (an error, nothing moved); so is a file or
+directory of the checkpoint this process may not read (permissions: an error naming it, nothing
+moved). Every decision is taken from collectives, so it is the same on all ranks.
 
 Checksum: CRC32 (zlib, in the standard library; 2.8 GiB/s on one core of this repository's CI
 machine against 0.58 GiB/s for SHA-256; it releases the GIL, so hashing in the background
@@ -43,12 +44,14 @@ import logging
 import os
 import random
 import shutil
+import stat
 import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -66,6 +69,7 @@ from training.errors import UserError
 from training.run_record import compare, record_problem
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STEP_PREFIX = "step_"
 TMP_SUFFIX = ".tmp"
@@ -141,6 +145,23 @@ def step_dir_name(step: int) -> str:
     return f"{STEP_PREFIX}{step:08d}"
 
 
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file; PermissionError where this process may not look
+    (``Path.is_file`` answers False there from Python 3.13 on, as if it were missing)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def unreadable(e: PermissionError) -> str:
+    """The refusal for a checkpoint file this process may not read: the checkpoint is not
+    damaged (nothing is set aside), its permissions are the user's to fix."""
+    return (f"--checkpoint-dir: this process (uid {os.geteuid()}) cannot read {e.filename} "
+            f"({e.strerror}); make the checkpoint directory readable by the job's user "
+            "(chmod -R u+rX, or chown -R), or give another --checkpoint-dir")
+
+
 def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     """(step, path) of every complete checkpoint under root, oldest first."""
     found = []
@@ -148,15 +169,18 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
         for path in root.iterdir():
             name = path.name
             if (name.startswith(STEP_PREFIX) and name[len(STEP_PREFIX):].isdigit()
-                    and (path / COMPLETE_MARKER).is_file()):
+                    and _is_file(path / COMPLETE_MARKER)):
                 found.append((int(name[len(STEP_PREFIX):]), path))
     return sorted(found)
 
 
 def read_marker(path: Path) -> tuple[dict | None, str | None]:
-    """(the checkpoint's COMPLETE marker, None) or (None, what is wrong with it)."""
+    """(the checkpoint's COMPLETE marker, None) or (None, what is wrong with it); a marker
+    this process may not read raises PermissionError (not damage)."""
     try:
         marker = json.loads((path / COMPLETE_MARKER).read_text())
+    except PermissionError:
+        raise
     except (OSError, ValueError) as e:
         return None, f"{COMPLETE_MARKER} is unreadable ({e})"
     if not isinstance(marker, dict):
@@ -221,9 +245,10 @@ def manifest_entries(files: list[Path]) -> dict[str, dict]:
 
 
 def check_file(directory: Path, name: str, expected: dict) -> str | None:
-    """What is wrong with one file of a checkpoint, or None."""
+    """What is wrong with one file of a checkpoint, or None; PermissionError where this process
+    may not read it."""
     path = directory / name
-    if not path.is_file():
+    if not _is_file(path):
         return f"{name} is missing"
     size = path.stat().st_size
     if size != expected["bytes"]:
@@ -243,6 +268,8 @@ def read_manifest(path: Path) -> tuple[dict | None, str | None]:
         return None, None
     try:
         raw = (path / MANIFEST).read_bytes()
+    except PermissionError:
+        raise
     except OSError:
         return None, f"{MANIFEST} is missing"
     if zlib.crc32(raw) != marker["manifest_crc32"]:
@@ -300,19 +327,18 @@ class Checkpointer:
     # ------------------------------------------------------------------------- resume
     def resume(self, model, optimizer, trainer: TrainerState) -> Path | None:
         """Load the newest sound checkpoint; set damaged ones aside. None: start from step 0."""
-        found = [complete_checkpoints(self.root) if self.env.is_main else None]
-        dist.broadcast_object_list(found, src=0)
+        found = self._on_main(lambda: complete_checkpoints(self.root))
         damaged: list[str] = []
-        for step, path in reversed(found[0]):
+        for step, path in reversed(found):
             problems = (self._compare_runs(step, path)
                         or self._verify_and_load(path, model, optimizer, trainer))
             if not problems:
                 if damaged:
                     log.warning("resumed from step %d (%s) instead of the damaged checkpoint(s) "
                                 "%s", step, path, "; ".join(damaged))
-                self._set_aside_unreadable([p for s, p in found[0] if s < step])
+                self._set_aside_unreadable([p for s, p in found if s < step])
                 return path
-            older = [s for s, _ in found[0] if s < step]
+            older = [s for s, _ in found if s < step]
             aside = self._set_aside(path)
             damaged.append(f"step {step} ({', '.join(problems)})")
             log.warning("checkpoint %s is damaged: %s. Set aside as %s for inspection; %s",
@@ -359,57 +385,72 @@ class Checkpointer:
         """Set aside the older checkpoints whose marker or manifest cannot be read (what
         pruning and --keep-best read of them), with a warning: they could never be resumed.
         Their shards are verified only if one is resumed or exported."""
-        found = [[(path, problem) for path in older
-                  if (problem := read_manifest(path)[1]) is not None]
-                 if self.env.is_main else None]
-        dist.broadcast_object_list(found, src=0)
-        for path, problem in found[0]:
+        found = self._on_main(lambda: [(path, problem) for path in older
+                                       if (problem := read_manifest(path)[1]) is not None])
+        for path, problem in found:
             log.warning("older checkpoint %s is damaged: %s. Set aside as %s for inspection",
                         path, problem, self._set_aside(path))
 
     def verify(self, path: Path) -> list[str] | None:
         """Problems of a checkpoint (same list on every rank); None when verified sound, []
         when it has no manifest to verify against. Each rank checks every world-th file."""
-        manifest, problem = read_manifest(path) if self.env.is_main else (None, None)
-        shared = [(manifest, problem)]
-        dist.broadcast_object_list(shared, src=0)
-        manifest, problem = shared[0]
+        manifest, problem = self._on_main(lambda: read_manifest(path))
         if problem is not None:
             return [problem]
         if manifest is None:
             return []
         names = sorted(manifest)
-        mine = [p for name in names[self.env.rank::self.env.world_size]
-                if (p := check_file(path, name, manifest[name])) is not None]
+        refusal = None
+        try:
+            mine = [p for name in names[self.env.rank::self.env.world_size]
+                    if (p := check_file(path, name, manifest[name])) is not None]
+        except PermissionError as e:
+            mine, refusal = [], unreadable(e)
         everyone: list = [None] * self.env.world_size
-        dist.all_gather_object(everyone, mine)
-        problems = sorted(p for ps in everyone for p in ps)
+        dist.all_gather_object(everyone, (mine, refusal))
+        refusals = sorted(r for _, r in everyone if r is not None)
+        if refusals:
+            raise UserError(refusals[0])
+        problems = sorted(p for ps, _ in everyone for p in ps)
         return problems or None
 
     def run_record_of(self, path: Path) -> tuple[dict | None, str | None]:
         """(the RUN.json of a checkpoint, None) as rank 0 reads it; (None, None) if it has none
         (a checkpoint of an older version); (None, what is wrong) if it cannot be read as a
         run record. The same on every rank."""
-        shared: list = [(None, None)]
-        if self.env.is_main:
+        def read() -> tuple[dict | None, str | None]:
             try:
                 record = json.loads((path / RUN_RECORD).read_text())
-                problem = record_problem(record)
-                shared[0] = (None, f"{RUN_RECORD} {problem}") if problem else (record, None)
             except FileNotFoundError:
-                pass
+                return None, None
+            except PermissionError:
+                raise
             except (OSError, ValueError) as e:
-                shared[0] = (None, f"{RUN_RECORD} is unreadable ({e})")
+                return None, f"{RUN_RECORD} is unreadable ({e})"
+            problem = record_problem(record)
+            return (None, f"{RUN_RECORD} {problem}") if problem else (record, None)
+
+        return self._on_main(read)
+
+    def _on_main(self, read: Callable[[], T]) -> T:
+        """``read()`` on rank 0, its result on every rank; a file there that this process may
+        not read is the same UserError on every rank (`unreadable`)."""
+        shared: list = [None, None]
+        if self.env.is_main:
+            try:
+                shared[0] = read()
+            except PermissionError as e:
+                shared[1] = unreadable(e)
         dist.broadcast_object_list(shared, src=0)
+        if shared[1] is not None:
+            raise UserError(shared[1])
         return shared[0]
 
     def best(self) -> tuple[int, Path, float] | None:
         """`best_checkpoint` as rank 0 sees it, once any pending save is complete (all ranks
         get the same answer)."""
         self.wait()
-        choice = [best_checkpoint(self.root) if self.env.is_main else None]
-        dist.broadcast_object_list(choice, src=0)
-        return choice[0]
+        return self._on_main(lambda: best_checkpoint(self.root))
 
     def load_model(self, path: Path, model) -> list[str]:
         """Only the model's weights of a checkpoint (the best one, to export it), after

@@ -327,6 +327,35 @@ def test_a_resume_with_another_batch_or_learning_rate_continues_with_warnings(tw
     assert (ckpt / "step_00000003" / "RUN.json").is_file()
 
 
+@pytest.mark.parametrize("locked, named", [
+    ("step_00000002/__0_0.distcp", "step_00000002/__0_0.distcp"),
+    ("step_00000002", "step_00000002/COMPLETE"),
+    ("step_00000002/COMPLETE", "step_00000002/COMPLETE"),
+], ids=["shard", "directory", "marker"])
+def test_a_checkpoint_the_job_cannot_read_is_refused_not_set_aside(locked, named, two_steps,
+                                                                   tmp_path, tiny_cache):
+    """Checked against the fixture's checkpoint (step 2) with one file or its directory
+    made mode 000 (another user's files on a shared volume look so to the job): the run ends
+    with one error naming what it cannot read and how to fix it, and sets nothing aside nor
+    trains, since the checkpoint is sound (before: a PermissionError traceback; an unreadable
+    COMPLETE marker was taken for damage and its checkpoint set aside)."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(two_steps, ckpt)
+    (ckpt / locked).chmod(0)
+    try:
+        out = finetune(tiny_cache, *QUICK[:-4], "--seed", "7", "--val-fraction", "0",
+                       "--max-steps", "3", "--dataset", str(two_steps.parent / "data.jsonl"),
+                       "--checkpoint-dir", str(ckpt), prefix=_without_root_override())
+    finally:
+        (ckpt / locked).chmod(0o755)
+    [error] = errors(out)
+    assert f"this process (uid {os.geteuid()}) cannot read {ckpt / named} (Permission denied)" \
+        in error
+    assert error.endswith("make the checkpoint directory readable by the job's user (chmod -R "
+                          "u+rX, or chown -R), or give another --checkpoint-dir")
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted(p.name for p in two_steps.iterdir())
+
+
 # ----------------------------------------------------------------------------- ownership
 def test_a_second_run_on_a_directory_in_use_is_refused_naming_the_owner(tmp_path, tiny_cache):
     """Checked against the first run's process: while it trains (200 steps slowed to 2 s each

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -415,6 +416,41 @@ def test_a_gone_owner_does_not_block_a_restart(owner, age_s, env, tmp_path, tiny
     log = trained(finetune(tiny_cache, *QUICK, "--checkpoint-dir", str(ckpt), env=env))
     assert ("taking it over from a run that is gone" in log) == (not env)
     assert (ckpt / "step_00000001" / "COMPLETE").is_file()
+
+
+@pytest.mark.parametrize("text, age_s, refusal", [
+    ("[1, 2]", 0, r"its OWNER.json cannot be read \(a JSON list, not an owner record\) and "
+                  r"was written \d+ s ago, so a run may be writing it"),
+    ('{"host": "HERE", "pid": "abc", "started": "yesterday"}', 0,
+     r"another run owns it \(host HERE, pid abc, run id None, started at an unknown time, "
+     r"last heartbeat \d+ s ago\)"),
+    ('{"host": "HERE", "pid": null}', 0, r"another run owns it \(host HERE, pid None"),
+    ("[1, 2]", 3600, None),
+], ids=["a-list", "pid-and-start-not-numbers", "pid-null", "a-list-an-hour-old"])
+def test_an_owner_file_of_the_wrong_shape_is_judged_by_its_age(text, age_s, refusal, tmp_path):
+    """Checked against the ownership rules (training/owner.py): an OWNER.json that is JSON but
+    not an owner record, or whose pid or start is not a number, counts like an unreadable one
+    (its age decides: refused while fresh, naming the file to delete if no run uses the
+    directory; taken over once older than 5 minutes), never a traceback (before: an
+    AttributeError, ValueError or TypeError from the ownership check)."""
+    import socket
+
+    from training.errors import UserError
+    from training.owner import DirectoryOwner
+
+    path = tmp_path / "OWNER.json"
+    path.write_text(text.replace("HERE", socket.gethostname()))
+    os.utime(path, (time.time() - age_s, time.time() - age_s))
+    owner = DirectoryOwner(tmp_path)
+    if refusal is None:
+        owner.take()
+        owner.release()
+        assert not path.exists()  # it was ours
+        return
+    with pytest.raises(UserError) as e:
+        owner.take()
+    assert re.search(refusal.replace("HERE", re.escape(socket.gethostname())), str(e.value))
+    assert str(e.value).endswith(f"delete {path} if no run uses the directory)")
 
 
 @pytest.mark.parametrize("seq_len, warned", [(4160, True), (4096, False)])

@@ -124,8 +124,11 @@ def _read_local(path: Path) -> Table:
     try:  # utf-8-sig: with or without the byte-order mark editors and spreadsheet exports write
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
-        raise UserError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    if path.suffix == ".json" and text.lstrip().startswith("["):
+        line = e.object[:e.start].count(b"\n") + 1
+        raise UserError(f"{name}: line {line} is not UTF-8 text ({e.reason} at byte {e.start}); "
+                        "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+    document = text.lstrip()[:1]
+    if path.suffix == ".json" and document == "[":
         try:
             records = json.loads(text)
         except json.JSONDecodeError as e:
@@ -136,6 +139,32 @@ def _read_local(path: Path) -> Table:
                 raise UserError(f"{table.where(i)}: is a JSON {type(record).__name__}, not an "
                                 "object")
         return table
+    if path.suffix == ".json" and document == "{":
+        record = _one_object(path, text)
+        if record is not None:
+            return Table(name, [record])
+    return _json_lines(path, text)
+
+
+def _one_object(path: Path, text: str) -> dict | None:
+    """The record of a .json file that is one JSON object (one record, on one line or
+    indented over many); None where the text is JSON lines (more than one value). An object
+    with a syntax error, whose first line is not JSON on its own, is that error."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        if e.msg == "Extra data":
+            return None
+        try:
+            json.loads(next(line for line in text.splitlines() if line.strip()))
+        except json.JSONDecodeError:
+            raise _json_error(path, e) from None
+        return None
+
+
+def _json_lines(path: Path, text: str) -> Table:
+    """One JSON object per line; blank lines skipped."""
+    name = f"--dataset {path}"
     records, lines = [], []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -245,10 +274,15 @@ def detect_format(table: Table) -> str:
     for fmt, needed in FORMAT_FIELDS.items():
         if all(first.get(f) is not None for f in needed):
             return fmt
+    nested = [k for k, v in first.items()
+              if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
+    wrapped = (f"; its field '{nested[0]}' holds a list of {len(first[nested[0]])} objects: if "
+               "those are the records, give them as a JSON array or one per line (JSON lines)"
+               if nested else "")
     raise UserError(
         f"{table.where(0)}: its fields ({', '.join(sorted(first)) or 'none'}) match no known "
-        "format (messages; instruction/output; prompt/completion; text); pass --prompt-field "
-        "and --response-field (with --prompt-template) to map your fields")
+        f"format (messages; instruction/output; prompt/completion; text){wrapped}; pass "
+        "--prompt-field and --response-field (with --prompt-template) to map your fields")
 
 
 def _field(record: dict, name: str, where: str, fmt: str, *, optional: bool = False) -> str:

@@ -309,6 +309,48 @@ def test_broken_json_array_names_the_line(tmp_path):
         _prepare(path)
 
 
+def test_an_indented_json_object_is_one_record(tmp_path):
+    """Checked against the record written here with json.dump(indent=2), as editors and
+    `json.dump` write one: a .json file that is one object over many lines is that one record
+    (before: "line 1 is not valid JSON: Expecting property name", about a valid file)."""
+    path = tmp_path / "train.json"
+    record = {"instruction": "Say hi", "output": "hi"}
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    records = _prepare(path, val_fraction=0)
+    assert records.fmt == "alpaca" and len(records.train) == 1
+    assert records.train[0][1] == ("hi", True)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{\n  "instruction": "i",\n  "output": "o",\n}\n',
+     r"line 4 is not valid JSON: Expecting property name enclosed in double quotes"),
+    (json.dumps({"data": [{"instruction": "i", "output": "o"}] * 3}, indent=2),
+     r"record 1: its fields \(data\) match no known format .*; its field 'data' holds a list "
+     r"of 3 objects: if those are the records, give them as a JSON array or one per line"),
+], ids=["syntax-error-on-line-4", "records-under-a-key"])
+def test_a_json_object_file_names_what_is_wrong(text, message, tmp_path):
+    """Checked against the files written here: an indented object with a trailing comma is
+    named at the line json reports (4), not at line 1; an object that wraps the records in a
+    list under one key says so and how to give them."""
+    path = tmp_path / "train.json"
+    path.write_text(text)
+    with pytest.raises(UserError, match=rf"--dataset {path}: {message}"):
+        _prepare(path, val_fraction=0)
+
+
+def test_bytes_that_are_not_utf8_name_their_line(tmp_path):
+    """Checked against the file written here: line 3 holds "caf\\xe9" (Latin-1, as an old
+    export writes it); the error names line 3 and the conversion, not only a byte offset."""
+    path = tmp_path / "train.jsonl"
+    data = b'{"text": "a"}\n{"text": "b"}\n{"text": "caf\xe9"}\n'
+    path.write_bytes(data)
+    offset = data.index(b"\xe9")
+    with pytest.raises(UserError, match=rf"--dataset {path}: line 3 is not UTF-8 text "
+                                        rf"\(invalid continuation byte at byte {offset}\); "
+                                        r"convert the file to UTF-8"):
+        _prepare(path, val_fraction=0)
+
+
 @pytest.mark.parametrize("lines, data, message", [
     (['{"instruction": "i", "output": "o"}', '{"instruction": "i2"}'], {},
      r"record 2 \(line 2\): field 'output' is missing \(needed by the alpaca format\); the "

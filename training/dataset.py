@@ -213,7 +213,7 @@ def _load_dataset_dict(name: str, source: str, split: str,
     """A Hub dataset (or a local directory laid out like one) through `datasets.load_dataset`:
     every split, so that its validation split is found."""
     import datasets
-    from datasets.exceptions import DatasetNotFoundError
+    from datasets.exceptions import DatasetGenerationError, DatasetNotFoundError
 
     token = hub.hf_token()
     try:
@@ -224,9 +224,26 @@ def _load_dataset_dict(name: str, source: str, split: str,
                         "no such local file") from None
     except ConnectionError as e:
         raise UserError(f"--dataset {name}: cannot download it: {e}") from None
-    except ValueError as e:  # e.g. no data files in a directory
-        raise UserError(f"--dataset {name}: {e}") from None
+    except FileNotFoundError as e:  # a directory without data files
+        raise UserError(f"--dataset {name}: {e}; a dataset directory holds data files such as "
+                        "train.jsonl (and validation.jsonl) or data/train-*.parquet") from None
+    except (DatasetGenerationError, ValueError) as e:  # a file that does not parse, a split
+        raise _data_file_error(name, Path(source), e) from None  # without records, ...
     return split_tables(name, dict(splits.items()), split)
+
+
+def _data_file_error(name: str, directory: Path, e: Exception) -> UserError:
+    """What `datasets` could not load in a dataset directory: the first of its
+    .json/.jsonl/.parquet files that our own reader refuses (its file and line) or that holds
+    no records; else what `datasets` said."""
+    if directory.is_dir():
+        for path in sorted(directory.rglob("*")):
+            hidden = any(part.startswith(".") for part in path.relative_to(directory).parts)
+            if path.suffix in LOCAL_SUFFIXES and not hidden and not _read_local(path).records:
+                return UserError(f"--dataset {name}: {path.relative_to(directory)} holds no "
+                                 "records")
+    cause = e.__cause__ or e
+    return UserError(f"--dataset {name}: {type(cause).__name__}: {str(cause).splitlines()[0]}")
 
 
 def split_tables(name: str, splits: dict, split: str) -> tuple[Table, Table | None]:

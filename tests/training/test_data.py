@@ -7,6 +7,7 @@ expected tokens and labels are written out by hand from the record's text."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -263,6 +264,34 @@ def test_dataset_directory_with_validation_split(tmp_path):
                                         "train, validation"):
         dataset.prepare(C.DataConfig(dataset=str(data), dataset_split="dev",
                                      prompt_field="dialogue", response_field="summary"),
+                        str(tmp_path / "cache"))
+
+
+ALPACA_LINES = ['{"instruction": "i%d", "output": "o"}' % i for i in range(4)]
+
+
+@pytest.mark.parametrize("files, message", [
+    ({}, r"--dataset {d}: The directory at {d} doesn't contain any data files; a dataset "
+         r"directory holds data files such as train.jsonl"),
+    ({"README.md": "# my data\n"}, r"--dataset {d}: The directory at {d} doesn't contain any "
+                                   r"data files"),
+    ({"train.jsonl": "\n".join(ALPACA_LINES[:2] + ['{"instruction": "i'] + ALPACA_LINES[2:])},
+     r"--dataset {d}/train.jsonl: line 3 is not valid JSON"),
+    ({"train.jsonl": "\n".join(ALPACA_LINES), "validation.jsonl": ""},
+     r"--dataset {d}: validation.jsonl holds no records"),
+], ids=["empty", "no-data-files", "broken-line", "empty-validation-file"])
+def test_a_dataset_directory_that_does_not_load_names_the_file(files, message, tmp_path):
+    """Checked against the files written here into a dataset directory, which `datasets`
+    loads: a directory without data files, one whose train.jsonl has a broken line 3, one
+    whose validation.jsonl is empty. Each is one error naming the directory or the file (and
+    line) (before: an EmptyDatasetError or DatasetGenerationError traceback, or `datasets`'
+    'Instruction "validation" corresponds to no data!')."""
+    directory = tmp_path / "data"
+    directory.mkdir()
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    with pytest.raises(UserError, match=message.format(d=re.escape(str(directory)))):
+        dataset.prepare(C.DataConfig(dataset=str(directory), val_fraction=0),
                         str(tmp_path / "cache"))
 
 

@@ -43,7 +43,7 @@ from training.dist import (DistEnv, all_sum, batch_to_device, check_locked_memor
                            init_distributed)
 from training.errors import OOM_ADVICE, UserError
 from training.evaluation import Evaluator
-from training.export import export_hf
+from training.export import export_hf, replace_problem
 from training.faults import Faults
 from training.logs import setup_logging
 from training.loss import install_loss_forward
@@ -114,6 +114,8 @@ def _check_paths(cfg: JobConfig) -> None:
             raise UserError(f"{flag(name)} {value}: {why}; give a directory the job's user can "
                             "write (e.g. on the shared /fsx volume) or make this one writable")
     metrics = cfg.metrics.metrics_file
+    _check_export_target(c.output_dir, {"--checkpoint-dir": c.checkpoint_dir,
+                                        "--metrics-file": metrics})
     if metrics is not None and Path(metrics).expanduser().is_dir():
         raise UserError(f"--metrics-file {metrics}: is a directory; give a file path")
     blocking = None if metrics is None else _file_in_the_way(Path(metrics).expanduser().parents)
@@ -127,6 +129,25 @@ def _check_paths(cfg: JobConfig) -> None:
     if c.keep_best and c.checkpoint_dir is None:
         raise UserError("--keep-best: needs --checkpoint-dir (the best checkpoint is kept there "
                         "and exported at the end)")
+
+
+def _check_export_target(output_dir: str | None, others: dict[str, str | None]) -> None:
+    """The export replaces --output-dir as a whole (renamed aside, then deleted): refuse one
+    that holds the checkpoints or the metrics file, or anything but a previous export."""
+    if output_dir is None:
+        return
+    out = Path(output_dir).expanduser().resolve()
+    for name, value in others.items():
+        inner = None if value is None else Path(value).expanduser().resolve()
+        if inner is not None and (inner == out or out in inner.parents):
+            raise UserError(f"{name} {value}: is inside --output-dir {output_dir}, which the "
+                            "export replaces as a whole, deleting it; put it beside the output "
+                            f"directory (e.g. {out.parent / inner.name})")
+    problem = replace_problem(out)
+    if problem is not None:
+        raise UserError(f"--output-dir {output_dir}: {problem}; the export replaces the "
+                        "directory as a whole, deleting what it holds: give a new or empty "
+                        "directory, or a previous export")
 
 
 def _own_checkpoint_dir(cfg: JobConfig, env: DistEnv) -> None:

@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
 """Name parts added by activation-checkpoint and compile wrappers; not part of a weight's name."""
+WEIGHT_FILE = "model.safetensors"
+"""Hugging Face's name for the weights of a model in one file."""
 WEIGHT_INDEX = "model.safetensors.index.json"
 """Hugging Face's map of weight names to the safetensors files of a sharded model."""
 
@@ -189,10 +191,10 @@ def _weight_files(model_dir: Path) -> list[Path]:
     if index.exists():
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         return [model_dir / n for n in names]
-    single = model_dir / "model.safetensors"
+    single = model_dir / WEIGHT_FILE
     if single.exists():
         return [single]
-    raise UserError(f"--model: no model.safetensors or {WEIGHT_INDEX} in "
+    raise UserError(f"--model: no {WEIGHT_FILE} or {WEIGHT_INDEX} in "
                     f"{model_dir}")
 
 

@@ -447,6 +447,56 @@ def test_output_paths_that_are_files_are_refused_first(flag, tmp_path):
     assert f"{existing} is a file" in nested.stderr
 
 
+@pytest.mark.parametrize("flag, inside", [("--checkpoint-dir", "ckpt"),
+                                          ("--metrics-file", "logs/metrics.jsonl")])
+def test_what_the_export_would_delete_is_refused_first(flag, inside, tmp_path):
+    """Checked against the export's contract (training/export.py: --output-dir is renamed aside
+    and deleted when the new export is in place): a --checkpoint-dir or --metrics-file inside
+    --output-dir ends the run with one error naming both, before the data is read (before: the
+    run trained, and the export deleted its checkpoints and metrics)."""
+    run = tmp_path / "run"
+    out = _cli(tmp_path, "--output-dir", str(run), flag, str(run / inside),
+               "--dataset", str(tmp_path / "missing.jsonl"))
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    [error] = [line for line in out.stderr.splitlines() if " ERROR " in line]
+    assert (f"{flag} {run / inside}: is inside --output-dir {run}, which the export replaces "
+            "as a whole") in error
+    assert not run.exists()
+
+
+def test_an_output_dir_holding_other_files_is_refused_first(tmp_path):
+    """Checked against the real entry point: an existing --output-dir with a file of the
+    user's ends the run before the data is read, naming the file, and the file stays (before:
+    the export deleted it)."""
+    existing = tmp_path / "home"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("the user's file")
+    out = _cli(tmp_path, "--output-dir", str(existing), "--dataset", str(tmp_path / "m.jsonl"))
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert (f"--output-dir {existing}: exists and is not a model export (it holds notes.txt)"
+            in out.stderr)
+    assert (existing / "notes.txt").read_text() == "the user's file"
+
+
+def test_only_a_previous_export_or_an_empty_directory_is_replaced(tmp_path):
+    """Checked against a directory the export's writer fills (the tiny preset: config.json,
+    sharded safetensors with their index, the tokenizer; training/tiny.py writes it through
+    export.Shards): replaceable, as is an empty one; the same with a subdirectory or a file
+    of the user's beside it is not."""
+    from training.export import replace_problem
+
+    model = tiny.materialize(tmp_path / "model", seed=7)
+    (tmp_path / "empty").mkdir()
+    assert replace_problem(model) is None and replace_problem(tmp_path / "empty") is None
+    assert replace_problem(tmp_path / "missing") is None
+    (model / "runs").mkdir()
+    assert replace_problem(model).startswith("exists and is not a model export (it holds ")
+    (model / "runs").rmdir()
+    (model.parent / "lone").mkdir()
+    (model.parent / "lone" / "config.json").write_text("{}")
+    assert "(it holds config.json)" in replace_problem(model.parent / "lone")
+
+
 def test_metrics_file_under_a_file_is_refused_first(tmp_path):
     """Checked against the real entry point: a --metrics-file whose directory is a regular file
     ends the run with one error naming the flag and that file, before the data is read (before:

@@ -111,9 +111,14 @@ def _json_error(path: Path, e: json.JSONDecodeError, line: int | None = None) ->
                      f"(column {e.colno})")
 
 
+def _suffix(path: Path) -> str:
+    """A file's type, as LOCAL_SUFFIXES names it (TRAIN.JSONL is JSON lines too)."""
+    return path.suffix.lower()
+
+
 def _read_local(path: Path) -> Table:
     name = f"--dataset {path}"
-    if path.suffix == ".parquet":
+    if _suffix(path) == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -128,7 +133,7 @@ def _read_local(path: Path) -> Table:
         raise UserError(f"{name}: line {line} is not UTF-8 text ({e.reason} at byte {e.start}); "
                         "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
     document = text.lstrip()[:1]
-    if path.suffix == ".json" and document == "[":
+    if _suffix(path) == ".json" and document == "[":
         try:
             records = json.loads(text)
         except json.JSONDecodeError as e:
@@ -139,7 +144,7 @@ def _read_local(path: Path) -> Table:
                 raise UserError(f"{table.where(i)}: is a JSON {type(record).__name__}, not an "
                                 "object")
         return table
-    if path.suffix == ".json" and document == "{":
+    if _suffix(path) == ".json" and document == "{":
         record = _one_object(path, text)
         if record is not None:
             return Table(name, [record])
@@ -188,11 +193,11 @@ def check_local_dataset(cfg: DataConfig) -> Path | None:
     path = Path(name).expanduser()
     if path.is_dir():
         return path
-    if path.suffix in LOCAL_SUFFIXES or hub.looks_local(name):
+    if _suffix(path) in LOCAL_SUFFIXES or hub.looks_local(name) or path.exists():
         if not path.is_file():
             raise UserError(f"--dataset {name}: no such file; pass a .json/.jsonl/.parquet "
                             "file, a dataset directory or a Hugging Face dataset name")
-        if path.suffix not in LOCAL_SUFFIXES:
+        if _suffix(path) not in LOCAL_SUFFIXES:
             raise UserError(f"--dataset {name}: unsupported file type; use .json, .jsonl or "
                             ".parquet")
         return path
@@ -239,7 +244,7 @@ def _data_file_error(name: str, directory: Path, e: Exception) -> UserError:
     if directory.is_dir():
         for path in sorted(directory.rglob("*")):
             hidden = any(part.startswith(".") for part in path.relative_to(directory).parts)
-            if path.suffix in LOCAL_SUFFIXES and not hidden and not _read_local(path).records:
+            if _suffix(path) in LOCAL_SUFFIXES and not hidden and not _read_local(path).records:
                 return UserError(f"--dataset {name}: {path.relative_to(directory)} holds no "
                                  "records")
     cause = e.__cause__ or e

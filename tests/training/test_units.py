@@ -126,6 +126,21 @@ def test_missing_file_and_local_records(tmp_path):
         {"instruction": "i", "output": "o"}]
 
 
+def test_a_relative_file_of_any_case_or_type_is_local(tmp_path, monkeypatch):
+    """Checked against the files written here, named relative to the working directory as a
+    user types them: TRAIN.JSONL is read as JSON lines, and train.csv (a type we do not read)
+    is refused as a local file of an unsupported type (before: both were looked up as
+    Hugging Face dataset names, "no such dataset on the Hub, and no such local file")."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "TRAIN.JSONL").write_text('{"text": "a"}\n{"text": "b"}\n')
+    assert dataset.load_tables(C.DataConfig(dataset="TRAIN.JSONL"), None)[0].records == [
+        {"text": "a"}, {"text": "b"}]
+    (tmp_path / "train.csv").write_text("text\na\n")
+    with pytest.raises(UserError, match="--dataset train.csv: unsupported file type; use "
+                                        ".json, .jsonl or .parquet"):
+        dataset.load_tables(C.DataConfig(dataset="train.csv"), None)
+
+
 def test_order_is_independent_of_world_size():
     """Checked against a single rank: at world 2 x batch 4 the two ranks' micro-batches
     together are exactly world 1 x batch 8's (so a resume on another world size continues the

@@ -41,6 +41,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -192,14 +193,15 @@ def best_checkpoint(root: Path) -> tuple[int, Path, float] | None:
     """(step, path, validation loss) of the complete checkpoint with the lowest validation loss
     recorded in its marker (the newest among equals); None if none records one. A marker that
     cannot be read records none (resume sets such checkpoints aside; this only skips one that
-    was damaged since)."""
+    was damaged since), nor does a loss that is not a finite number (a diverged evaluation's
+    NaN is no minimum: it compares false with everything)."""
     scored = []
     for step, path in complete_checkpoints(root):
         marker, problem = read_marker(path)
         if problem is not None:
             log.warning("checkpoint %s: %s; not a candidate for --keep-best", path, problem)
         loss = (marker or {}).get(EVAL_LOSS_KEY)
-        if loss is not None:
+        if isinstance(loss, (int, float)) and math.isfinite(loss):
             scored.append((loss, -step, path))
     if not scored:
         return None

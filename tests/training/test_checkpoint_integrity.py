@@ -27,6 +27,7 @@ from training.checkpoint import (
     RUN_RECORD,
     Checkpointer,
     TrainerState,
+    best_checkpoint,
     complete_checkpoints,
 )
 from training.dist import init_distributed
@@ -174,6 +175,18 @@ def test_a_run_record_of_an_older_version_resumes(settings, warned, env, tmp_pat
     assert trainer.step == 4 and all(torch.equal(a, b) for a, b in zip(_weights(model), saved[4]))
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == (warned is not None) and all(warned in w for w in warnings), warnings
+
+
+def test_the_best_checkpoint_has_the_lowest_finite_loss(tmp_path):
+    """Checked against markers written here: validation losses NaN (a diverged evaluation,
+    which json writes as NaN), 2.0, 1.5, a string and null by step; the best is step 3
+    (before: a NaN first in step order was kept as the minimum, since NaN compares false with
+    every loss, and a string was a TypeError)."""
+    for step, loss in enumerate([float("nan"), 2.0, 1.5, "1.0", None], start=1):
+        path = tmp_path / f"step_{step:08d}"
+        path.mkdir()
+        (path / COMPLETE_MARKER).write_text(json.dumps({"step": step, "eval_loss": loss}))
+    assert best_checkpoint(tmp_path) == (3, tmp_path / "step_00000003", 1.5)
 
 
 def test_sound_checkpoints_load_the_newest_without_warnings(env, tmp_path, caplog):

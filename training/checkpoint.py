@@ -163,16 +163,22 @@ def unreadable(e: PermissionError) -> str:
             "(chmod -R u+rX, or chown -R), or give another --checkpoint-dir")
 
 
-def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint under root, oldest first."""
+def step_dirs(root: Path) -> list[tuple[int, Path, bool]]:
+    """(step, path, complete) of every ``step_<n>`` entry under root, oldest first; complete:
+    it has its COMPLETE marker."""
     found = []
     if root.is_dir():
         for path in root.iterdir():
             name = path.name
-            if (name.startswith(STEP_PREFIX) and name[len(STEP_PREFIX):].isdigit()
-                    and _is_file(path / COMPLETE_MARKER)):
-                found.append((int(name[len(STEP_PREFIX):]), path))
+            if name.startswith(STEP_PREFIX) and name[len(STEP_PREFIX):].isdigit():
+                found.append((int(name[len(STEP_PREFIX):]), path,
+                              _is_file(path / COMPLETE_MARKER)))
     return sorted(found)
+
+
+def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint under root, oldest first."""
+    return [(step, path) for step, path, complete in step_dirs(root) if complete]
 
 
 def read_marker(path: Path) -> tuple[dict | None, str | None]:
@@ -329,7 +335,14 @@ class Checkpointer:
     # ------------------------------------------------------------------------- resume
     def resume(self, model, optimizer, trainer: TrainerState) -> Path | None:
         """Load the newest sound checkpoint; set damaged ones aside. None: start from step 0."""
-        found = self._on_main(lambda: complete_checkpoints(self.root))
+        listed = self._on_main(lambda: step_dirs(self.root))
+        found = [(step, path) for step, path, complete in listed if complete]
+        for step, path, complete in listed:
+            if not complete and step > max((s for s, _ in found), default=-1):
+                log.warning("%s has no %s marker (a copy or a deletion that did not finish): "
+                            "not a checkpoint, not resumed", path, COMPLETE_MARKER)
+        if not found:
+            log.info("no complete checkpoint in %s: starting from step 0", self.root)
         damaged: list[str] = []
         for step, path in reversed(found):
             problems = (self._compare_runs(step, path)

@@ -189,6 +189,36 @@ def test_the_best_checkpoint_has_the_lowest_finite_loss(tmp_path):
     assert best_checkpoint(tmp_path) == (3, tmp_path / "step_00000003", 1.5)
 
 
+@pytest.mark.parametrize("marker", ["missing", "a directory"])
+def test_a_newer_step_directory_without_marker_is_named(marker, env, tmp_path, caplog):
+    """Checked against the weights saved at step 4: a copy of step 4 as step_00000006 without
+    its COMPLETE marker (an incomplete copy; a marker that is a directory), resume loads step
+    4 and warns naming step_00000006, which stays (before: it was passed over without a word,
+    and a directory of only such copies started from step 0 silently)."""
+    saved = _saved(tmp_path, env)
+    shutil.copytree(tmp_path / "step_00000004", tmp_path / "step_00000006")
+    (tmp_path / "step_00000006" / COMPLETE_MARKER).unlink()
+    if marker == "a directory":
+        (tmp_path / "step_00000006" / COMPLETE_MARKER).mkdir()
+    model, optimizer, trainer = _job()
+    with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
+        Checkpointer(str(tmp_path), 2, env).resume(model, optimizer, trainer)
+    assert trainer.step == 4 and all(torch.equal(a, b) for a, b in zip(_weights(model), saved[4]))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == [f"{tmp_path / 'step_00000006'} has no COMPLETE marker (a copy or a "
+                        "deletion that did not finish): not a checkpoint, not resumed"]
+    assert (tmp_path / "step_00000006").is_dir()
+
+
+def test_a_directory_without_checkpoints_says_it_starts_from_step_0(env, tmp_path, caplog):
+    """Checked against an empty --checkpoint-dir (a new run, or a mistyped path): resume says
+    that it starts from step 0 and where it looked."""
+    model, optimizer, trainer = _job()
+    with caplog.at_level(logging.INFO, logger="training.checkpoint"):
+        assert Checkpointer(str(tmp_path), 2, env).resume(model, optimizer, trainer) is None
+    assert f"no complete checkpoint in {tmp_path}: starting from step 0" in caplog.text
+
+
 def test_sound_checkpoints_load_the_newest_without_warnings(env, tmp_path, caplog):
     """Checked against the saved weights (the case where nothing should change): no damage,
     resume takes step 4, sets nothing aside and warns about nothing."""

@@ -94,11 +94,12 @@ def _unwritable(directory: Path) -> str | None:
 
 def _check_paths(cfg: JobConfig) -> None:
     """Refuse output paths that cannot be used, before any data is read or model built: an
-    existing file (or a file among the parents) where a directory must go, a directory where
+    existing file (or a file among the parents) where a directory must go (also --cache-dir), a directory where
     the metrics file must go, a directory this process cannot write in, and --keep-best without
     checkpoints to choose from."""
     c = cfg.checkpoint
-    for name, value in (("checkpoint_dir", c.checkpoint_dir), ("output_dir", c.output_dir)):
+    for name, value in (("checkpoint_dir", c.checkpoint_dir), ("output_dir", c.output_dir),
+                        ("cache_dir", cfg.model.cache_dir)):
         if value is None:
             continue
         path = Path(value).expanduser()
@@ -107,6 +108,8 @@ def _check_paths(cfg: JobConfig) -> None:
             what = "" if blocking == path else f": {blocking} is a file"
             raise UserError(f"{flag(name)} {value}: exists and is not a directory{what}; give "
                             "a directory path (it is created if missing)")
+        if name == "cache_dir":  # a read-only cache filled beforehand serves an offline run;
+            continue  # what cannot be written into it is named where it is written (hub)
         # Every rank writes its checkpoint shards into the directory; the export is written
         # beside --output-dir and renamed into place.
         why = _unwritable(path if name == "checkpoint_dir" else path.parent)

@@ -85,6 +85,14 @@ def _download(repo_id: str, cache_dir: str | None) -> str:
                         "pre-fetch it and pass a local directory.") from None
     except HfHubHTTPError as e:
         raise UserError(f"--model {repo_id}: download failed: {e}") from None
+    except OSError as e:  # after the hub's errors, some of which are OSErrors
+        raise _cache_error(cache_dir, e) from None
+
+
+def _cache_error(cache_dir: str | None, e: OSError) -> UserError:
+    """A model that cannot be written into the cache (permissions, a full or read-only disk)."""
+    return UserError(f"--cache-dir {cache_dir}: cannot write the model there ({e}); give a "
+                     "directory the job's user can write, with room for the model")
 
 
 def _local_model_dir(name: str) -> Path | None:
@@ -124,9 +132,15 @@ def fetch_model(name: str, cache_dir: str | None, seed: int, env: DistEnv) -> Pa
     the data is tokenized)."""
     if name == TINY_MODEL:
         target = tiny.directory(cache_dir, seed)
-        return Path(on_node_leader_first(env, lambda: _checked(
-            tiny.materialize(target, seed), name,
-            f"delete {target} so that the preset is written again")))
+
+        def write_tiny() -> str:
+            try:
+                written = tiny.materialize(target, seed)
+            except OSError as e:
+                raise _cache_error(cache_dir, e) from None
+            return _checked(written, name, f"delete {target} so that the preset is written again")
+
+        return Path(on_node_leader_first(env, write_tiny))
     local = _local_model_dir(name)
     if local is not None:
         return Path(on_node_leader_first(env, lambda: _checked(

@@ -285,6 +285,21 @@ def test_gated_model_without_token(monkeypatch):
     assert "hf_secret_value" not in str(e.value)
 
 
+def test_a_download_the_cache_cannot_hold_is_a_clear_error(monkeypatch, tmp_path):
+    """Checked against what the client raises when it cannot create the model's folder in a
+    read-only cache (os.makedirs' PermissionError): one message naming --cache-dir, not a
+    traceback."""
+    import huggingface_hub
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "models--org--m"))
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", read_only)
+    with pytest.raises(UserError, match=rf"--cache-dir {tmp_path}: cannot write the model there "
+                                        r"\(\[Errno 13\] Permission denied"):
+        hub._download("org/m", str(tmp_path))
+
+
 def test_offline_download_is_a_clear_error(monkeypatch, tmp_path):
     """Checked against the real huggingface_hub client with the Hub unreachable (offline
     mode): one message naming --model and what to do."""

@@ -178,6 +178,28 @@ def test_a_damaged_tiny_preset_names_the_directory_to_delete(tmp_path):
     assert error.endswith(f"delete {model} so that the preset is written again")
 
 
+def test_a_cache_dir_the_job_cannot_use_is_one_error(tmp_path):
+    """Checked against a --cache-dir under a regular file (refused before the data is read)
+    and one with mode 0555 (the tiny preset cannot be written there: one error naming
+    --cache-dir and the system's reason) (before: a NotADirectoryError or PermissionError
+    traceback)."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the user's file")
+    [error] = errors(finetune(notes / "cache", "--dataset", str(tmp_path / "missing.jsonl")))
+    assert f"--cache-dir {notes / 'cache'}: exists and is not a directory: {notes} is a file" \
+        in error
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        out = finetune(locked, "--dataset", str(SHIPPED), *QUICK, prefix=_without_root_override())
+    finally:
+        locked.chmod(0o755)
+    [error] = errors(out)
+    assert f"--cache-dir {locked}: cannot write the model there ([Errno 13] Permission denied" \
+        in error
+
+
 # ----------------------------------------------------------------------------- checkpoints
 BEST = ["--seq-len", "512", "--seed", "7", "--eval-every", "1", "--keep-best",
         "--checkpoint-every", "1", "--keep-checkpoints", "3"]

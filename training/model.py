@@ -154,13 +154,14 @@ def _local_slices(tensor: torch.Tensor) -> tuple[slice, ...]:
 
 def model_dir_problem(model_dir: Path) -> str | None:
     """What makes a model directory unusable, or None: a JSON file (config, weight index,
-    tokenizer files) that does not parse, a config.json transformers cannot read, an index
+    tokenizer files) that does not parse, a config.json or tokenizer transformers cannot
+    load (the tokenizer files missing), an index
     without its weight map, or a weight file it names that is missing or whose safetensors
     header does not read (empty, or shorter than the header says: a truncated copy or
     download). Only the headers are read, not the weights. No weights at all is
     `_weight_files`' UserError."""
     from safetensors import SafetensorError, safe_open
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoTokenizer
 
     for path in sorted(model_dir.glob("*.json")):
         try:
@@ -170,7 +171,11 @@ def model_dir_problem(model_dir: Path) -> str | None:
     try:
         AutoConfig.from_pretrained(model_dir)
     except (OSError, ValueError, KeyError) as e:
-        return f"config.json is not a configuration transformers reads ({str(e).splitlines()[0]})"
+        return f"config.json is not a configuration transformers reads ({_one_line(e)})"
+    try:
+        AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError, KeyError) as e:
+        return f"its tokenizer does not load ({_one_line(e)})"
     try:
         files = _weight_files(model_dir)
     except (AttributeError, KeyError, TypeError):
@@ -184,6 +189,12 @@ def model_dir_problem(model_dir: Path) -> str | None:
         except (SafetensorError, OSError) as e:
             return f"{path.name} is not a readable safetensors file ({e})"
     return None
+
+
+def _one_line(e: Exception, limit: int = 300) -> str:
+    """A library's multi-line message as one line of at most ``limit`` characters."""
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _weight_files(model_dir: Path) -> list[Path]:

@@ -147,6 +147,10 @@ MODEL_DAMAGE = {
     "shard-missing": (lambda m: (m / "model-00003-of-00010.safetensors").unlink(),
                       "model-00003-of-00010.safetensors, named in model.safetensors.index.json, "
                       "is missing"),
+    "tokenizer-missing": (lambda m: [(m / f).unlink() for f in ("tokenizer.json",
+                                                                "tokenizer_config.json")],
+                          "its tokenizer does not load (Couldn't instantiate the backend "
+                          "tokenizer"),
 }
 
 
@@ -155,8 +159,8 @@ def test_a_damaged_model_directory_is_named_before_training(damage, tmp_path):
     """Checked against the tiny preset's files (training/tiny.py: config.json and ten
     safetensors files with an index), damaged here as an interrupted copy or a full disk leaves
     them: the run ends with one error naming the directory, the file and what is wrong, before
-    the data is tokenized (before: a JSONDecodeError, SafetensorError or FileNotFoundError
-    traceback from transformers or safetensors)."""
+    the data is tokenized (before: a JSONDecodeError, SafetensorError, FileNotFoundError or
+    ValueError traceback from transformers or safetensors)."""
     model = tiny.materialize(tmp_path / "model", seed=7)
     damage_it, says = MODEL_DAMAGE[damage]
     damage_it(model)

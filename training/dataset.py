@@ -50,6 +50,7 @@ order, also with another world size.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import logging
@@ -126,12 +127,17 @@ def _read_local(path: Path) -> Table:
             return Table(name, pq.read_table(path).to_pylist())
         except (pa.ArrowException, OSError) as e:
             raise UserError(f"{name}: not a readable parquet file: {e}") from None
-    try:  # utf-8-sig: with or without the byte-order mark editors and spreadsheet exports write
-        text = path.read_text(encoding="utf-8-sig")
+    raw = path.read_bytes()
+    # utf-8-sig: with or without the byte-order mark editors and spreadsheet exports write;
+    # UTF-16 with its mark: what Windows PowerShell 5's `>` and Notepad's "Unicode" write
+    utf16 = raw[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+    try:
+        text = raw.decode("utf-16" if utf16 else "utf-8-sig")
     except UnicodeDecodeError as e:
         line = e.object[:e.start].count(b"\n") + 1
-        raise UserError(f"{name}: line {line} is not UTF-8 text ({e.reason} at byte {e.start}); "
-                        "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+        raise UserError(f"{name}: line {line} is not {'UTF-16' if utf16 else 'UTF-8'} text "
+                        f"({e.reason} at byte {e.start}); convert the file to UTF-8 (e.g. iconv "
+                        "-f latin1 -t utf-8)") from None
     document = text.lstrip()[:1]
     if _suffix(path) == ".json" and document == "[":
         try:

@@ -6,6 +6,7 @@ expected tokens and labels are written out by hand from the record's text."""
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 import subprocess
@@ -365,6 +366,21 @@ def test_a_json_object_file_names_what_is_wrong(text, message, tmp_path):
     path.write_text(text)
     with pytest.raises(UserError, match=rf"--dataset {path}: {message}"):
         _prepare(path, val_fraction=0)
+
+
+@pytest.mark.parametrize("byte_order", ["little", "big"])
+def test_a_utf16_file_with_its_byte_order_mark_is_read(byte_order, tmp_path):
+    """Checked against records written here in UTF-16 after its byte-order mark (what Windows
+    PowerShell 5's `>` and Notepad's "Unicode" save, little-endian): the same records as the
+    UTF-8 text (before: "line 1 is not UTF-8 text (invalid start byte at byte 0)")."""
+    records = [{"text": "caf\u00e9"}, {"text": "\u65e5\u672c"}]
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in records)
+    mark, codec = ((codecs.BOM_UTF16_LE, "utf-16-le") if byte_order == "little"
+                   else (codecs.BOM_UTF16_BE, "utf-16-be"))
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(mark + text.encode(codec))
+    assert [segments[0][0] for segments in _prepare(path, val_fraction=0).train] == [
+        r["text"] for r in records]
 
 
 def test_bytes_that_are_not_utf8_name_their_line(tmp_path):

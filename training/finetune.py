@@ -92,6 +92,20 @@ def _unwritable(directory: Path) -> str | None:
     return None
 
 
+def _unappendable(path: Path) -> str | None:
+    """Why this process cannot append to the existing file ``path`` (a metrics file a
+    previous run of another user wrote, or made read-only), or None; opened for appending and
+    closed, which changes nothing."""
+    if not path.is_file():
+        return None
+    try:
+        with path.open("a"):
+            pass
+    except OSError as e:
+        return f"this process (uid {os.geteuid()}) cannot append to it ({e.strerror})"
+    return None
+
+
 def _check_paths(cfg: JobConfig) -> None:
     """Refuse output paths that cannot be used, before any data is read or model built: an
     existing file (or a file among the parents) where a directory must go (also --cache-dir), a directory where
@@ -125,7 +139,8 @@ def _check_paths(cfg: JobConfig) -> None:
     if blocking is not None:
         raise UserError(f"--metrics-file {metrics}: {blocking} is a file, not a directory; give "
                         "a file path whose directories can be created")
-    why = None if metrics is None else _unwritable(Path(metrics).expanduser().parent)
+    why = None if metrics is None else (_unwritable(Path(metrics).expanduser().parent)
+                                        or _unappendable(Path(metrics).expanduser()))
     if why is not None:
         raise UserError(f"--metrics-file {metrics}: {why}; give a file path the job's user can "
                         "write")

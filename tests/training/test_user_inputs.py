@@ -264,6 +264,25 @@ def test_a_directory_the_job_cannot_write_is_refused_before_the_data(flag, tmp_p
     assert not (tmp_path / "cache").exists() and not list(locked.iterdir())
 
 
+def test_a_metrics_file_the_job_cannot_append_to_is_refused_before_the_data(tmp_path):
+    """Checked against an existing --metrics-file with mode 0444 in a writable directory (a
+    previous run's file, made read-only): one error naming the flag, the file and the system's
+    reason, before the data is read, and the file keeps its records (before: a PermissionError
+    traceback once the model was loaded, when the metrics file was opened)."""
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"train/step": 1}\n')
+    metrics.chmod(0o444)
+    try:
+        out = finetune(tmp_path / "cache", "--metrics-file", str(metrics), "--dataset",
+                       str(tmp_path / "missing.jsonl"), prefix=_without_root_override())
+    finally:
+        metrics.chmod(0o644)
+    [error] = errors(out)
+    assert (f"--metrics-file {metrics}: this process (uid {os.geteuid()}) cannot append to it "
+            "(Permission denied)") in error
+    assert metrics.read_text() == '{"train/step": 1}\n' and not (tmp_path / "cache").exists()
+
+
 # ----------------------------------------------------------------------------- resumes
 @pytest.fixture(scope="module")
 def two_steps(tmp_path_factory, tiny_cache) -> Path:

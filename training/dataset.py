@@ -239,22 +239,33 @@ def _load_dataset_dict(name: str, source: str, split: str,
         raise UserError(f"--dataset {name}: {e}; a dataset directory holds data files such as "
                         "train.jsonl (and validation.jsonl) or data/train-*.parquet") from None
     except (DatasetGenerationError, ValueError) as e:  # a file that does not parse, a split
-        raise _data_file_error(name, Path(source), e) from None  # without records, ...
+        raise _data_file_error(name, Path(source), cache_dir, e) from None  # no records, ...
     return split_tables(name, dict(splits.items()), split)
 
 
-def _data_file_error(name: str, directory: Path, e: Exception) -> UserError:
+def _data_file_error(name: str, directory: Path, cache_dir: str | None,
+                     e: Exception) -> UserError:
     """What `datasets` could not load in a dataset directory: the first of its
     .json/.jsonl/.parquet files that our own reader refuses (its file and line) or that holds
-    no records; else what `datasets` said."""
-    if directory.is_dir():
-        for path in sorted(directory.rglob("*")):
-            hidden = any(part.startswith(".") for part in path.relative_to(directory).parts)
-            if _suffix(path) in LOCAL_SUFFIXES and not hidden and not _read_local(path).records:
-                return UserError(f"--dataset {name}: {path.relative_to(directory)} holds no "
-                                 "records")
+    no records; else what `datasets` said (for a directory whose files all read: about the
+    copy it prepared in its cache)."""
     cause = e.__cause__ or e
-    return UserError(f"--dataset {name}: {type(cause).__name__}: {str(cause).splitlines()[0]}")
+    said = f"{type(cause).__name__}: {str(cause).splitlines()[0]}"
+    if not directory.is_dir():
+        return UserError(f"--dataset {name}: {said}")
+    for path in sorted(directory.rglob("*")):
+        hidden = any(part.startswith(".") for part in path.relative_to(directory).parts)
+        if _suffix(path) in LOCAL_SUFFIXES and not hidden and not _read_local(path).records:
+            return UserError(f"--dataset {name}: {path.relative_to(directory)} holds no records")
+    import datasets
+
+    try:
+        cache = datasets.load_dataset_builder(str(directory), cache_dir=cache_dir).cache_dir
+    except Exception:  # noqa: BLE001 (only the hint's path is lost)
+        cache = "its folder in the datasets cache"
+    return UserError(f"--dataset {name}: {said}; its files read, so the copy `datasets` "
+                     f"prepared from them may be damaged: delete {cache} to have it prepared "
+                     "again")
 
 
 def split_tables(name: str, splits: dict, split: str) -> tuple[Table, Table | None]:

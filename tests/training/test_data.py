@@ -10,6 +10,7 @@ import codecs
 import json
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -294,6 +295,29 @@ def test_a_dataset_directory_that_does_not_load_names_the_file(files, message, t
     with pytest.raises(UserError, match=message.format(d=re.escape(str(directory)))):
         dataset.prepare(C.DataConfig(dataset=str(directory), val_fraction=0),
                         str(tmp_path / "cache"))
+
+
+def test_a_damaged_prepared_copy_of_a_dataset_directory_names_what_to_delete(tmp_path):
+    """Checked against `datasets`' own cache: a dataset directory loaded once, then the Arrow
+    files it prepared in --cache-dir cut to 100 bytes (a full disk, a copy that did not
+    finish). The error names a folder that holds those files; once it is deleted, the same
+    call loads every record (before: ArrowInvalid, or a traceback)."""
+    import shutil
+
+    directory, cache = tmp_path / "data", tmp_path / "cache"
+    directory.mkdir()
+    (directory / "train.jsonl").write_text("\n".join(ALPACA_LINES) + "\n")
+    cfg = C.DataConfig(dataset=str(directory), val_fraction=0)
+    assert len(dataset.prepare(cfg, str(cache)).train) == len(ALPACA_LINES)
+    arrows = list(cache.rglob("*.arrow"))
+    for arrow in arrows:
+        arrow.write_bytes(arrow.read_bytes()[:100])
+    with pytest.raises(UserError) as e:
+        dataset.prepare(cfg, str(cache))
+    [named] = re.findall(r"may be damaged: delete (\S+) to have it prepared again", str(e.value))
+    assert arrows and all(Path(named) in arrow.parents for arrow in arrows), (named, arrows)
+    shutil.rmtree(named)
+    assert len(dataset.prepare(cfg, str(cache)).train) == len(ALPACA_LINES)
 
 
 def test_dataset_without_held_out_split_uses_the_fraction():

@@ -22,12 +22,12 @@ wrote it (its RUN.json) with this one before reading any shard (a changed data o
 there, training/run_record.py), verifies it (every file of the manifest present with its size
 and CRC32; the work is split over the ranks, so each rank reads about 1/world of the checkpoint
 once), and loads it. A checkpoint that fails, whose RUN.json is there but is not a run
-record, or whose DCP load fails without a manifest to vouch for it, is moved aside as ``damaged.*`` with a warning naming what is wrong, and the next
-older complete one is tried: a run never starts from step 0 while a sound checkpoint exists. A
-checkpoint that verifies but does not load is not damaged: the model or config differs from the
-run that wrote it, which is the user's to fix (an error, nothing moved); so is a file or
-directory of the checkpoint this process may not read (permissions: an error naming it, nothing
-moved). Every decision is taken from collectives, so it is the same on all ranks.
+record, or whose DCP load fails without a manifest to vouch for it, is moved aside as
+``damaged.*`` with a warning naming what is wrong, and the next older complete one is tried:
+a run never starts from step 0 while a sound checkpoint exists. A checkpoint that verifies but
+does not load is not damaged: the model or config differs from the run that wrote it, which is
+the user's to fix (an error, nothing moved); so is a file or directory of the checkpoint this
+process may not read (permissions: an error naming it, nothing moved). Every decision is taken from collectives, so it is the same on all ranks.
 
 Checksum: CRC32 (zlib, in the standard library; 2.8 GiB/s on one core of this repository's CI
 machine against 0.58 GiB/s for SHA-256; it releases the GIL, so hashing in the background
@@ -155,7 +155,7 @@ def _is_file(path: Path) -> bool:
         return False
 
 
-def unreadable(e: PermissionError) -> str:
+def _unreadable(e: PermissionError) -> str:
     """The refusal for a checkpoint file this process may not read: the checkpoint is not
     damaged (nothing is set aside), its permissions are the user's to fix."""
     return (f"--checkpoint-dir: this process (uid {os.geteuid()}) cannot read {e.filename} "
@@ -163,7 +163,7 @@ def unreadable(e: PermissionError) -> str:
             "(chmod -R u+rX, or chown -R), or give another --checkpoint-dir")
 
 
-def step_dirs(root: Path) -> list[tuple[int, Path, bool]]:
+def _step_dirs(root: Path) -> list[tuple[int, Path, bool]]:
     """(step, path, complete) of every ``step_<n>`` entry under root, oldest first; complete:
     it has its COMPLETE marker."""
     found = []
@@ -178,7 +178,7 @@ def step_dirs(root: Path) -> list[tuple[int, Path, bool]]:
 
 def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     """(step, path) of every complete checkpoint under root, oldest first."""
-    return [(step, path) for step, path, complete in step_dirs(root) if complete]
+    return [(step, path) for step, path, complete in _step_dirs(root) if complete]
 
 
 def read_marker(path: Path) -> tuple[dict | None, str | None]:
@@ -335,7 +335,7 @@ class Checkpointer:
     # ------------------------------------------------------------------------- resume
     def resume(self, model, optimizer, trainer: TrainerState) -> Path | None:
         """Load the newest sound checkpoint; set damaged ones aside. None: start from step 0."""
-        listed = self._on_main(lambda: step_dirs(self.root))
+        listed = self._on_main(lambda: _step_dirs(self.root))
         found = [(step, path) for step, path, complete in listed if complete]
         for step, path, complete in listed:
             if not complete and step > max((s for s, _ in found), default=-1):
@@ -420,7 +420,7 @@ class Checkpointer:
             mine = [p for name in names[self.env.rank::self.env.world_size]
                     if (p := check_file(path, name, manifest[name])) is not None]
         except PermissionError as e:
-            mine, refusal = [], unreadable(e)
+            mine, refusal = [], _unreadable(e)
         everyone: list = [None] * self.env.world_size
         dist.all_gather_object(everyone, (mine, refusal))
         refusals = sorted(r for _, r in everyone if r is not None)
@@ -449,13 +449,13 @@ class Checkpointer:
 
     def _on_main(self, read: Callable[[], T]) -> T:
         """``read()`` on rank 0, its result on every rank; a file there that this process may
-        not read is the same UserError on every rank (`unreadable`)."""
+        not read is the same UserError on every rank (`_unreadable`)."""
         shared: list = [None, None]
         if self.env.is_main:
             try:
                 shared[0] = read()
             except PermissionError as e:
-                shared[1] = unreadable(e)
+                shared[1] = _unreadable(e)
         dist.broadcast_object_list(shared, src=0)
         if shared[1] is not None:
             raise UserError(shared[1])

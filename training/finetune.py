@@ -108,9 +108,10 @@ def _unappendable(path: Path) -> str | None:
 
 def _check_paths(cfg: JobConfig) -> None:
     """Refuse output paths that cannot be used, before any data is read or model built: an
-    existing file (or a file among the parents) where a directory must go (also --cache-dir), a directory where
-    the metrics file must go, a directory this process cannot write in, and --keep-best without
-    checkpoints to choose from."""
+    existing file (or a file among the parents) where a directory must go (also --cache-dir),
+    a directory where the metrics file must go, a directory this process cannot write in, a
+    metrics file it cannot append to, what the export would delete (`_check_export_target`),
+    and --keep-best without checkpoints to choose from."""
     c = cfg.checkpoint
     for name, value in (("checkpoint_dir", c.checkpoint_dir), ("output_dir", c.output_dir),
                         ("cache_dir", cfg.model.cache_dir)):

@@ -113,7 +113,12 @@ class DirectoryOwner:
                         self.path.parent, _owner_summary(owner, age))
         tmp = self.path.with_name(f".{OWNER_FILE}.{self.me['token']}")
         tmp.write_text(text)
-        os.replace(tmp, self.path)
+        try:
+            os.replace(tmp, self.path)
+        except OSError as e:  # e.g. a directory of that name
+            tmp.unlink()
+            raise UserError(f"--checkpoint-dir {self.path.parent}: cannot replace {OWNER_FILE} "
+                            f"({e.strerror}); delete {self.path}") from None
 
     def _ours(self) -> bool:
         try:

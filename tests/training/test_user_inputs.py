@@ -471,20 +471,26 @@ def test_a_gone_owner_does_not_block_a_restart(owner, age_s, env, tmp_path, tiny
      r"last heartbeat \d+ s ago\)"),
     ('{"host": "HERE", "pid": null}', 0, r"another run owns it \(host HERE, pid None"),
     ("[1, 2]", 3600, None),
-], ids=["a-list", "pid-and-start-not-numbers", "pid-null", "a-list-an-hour-old"])
+    (None, 3600, r"cannot replace OWNER.json \(Is a directory\); delete "),
+], ids=["a-list", "pid-and-start-not-numbers", "pid-null", "a-list-an-hour-old",
+        "a-directory-an-hour-old"])
 def test_an_owner_file_of_the_wrong_shape_is_judged_by_its_age(text, age_s, refusal, tmp_path):
     """Checked against the ownership rules (training/owner.py): an OWNER.json that is JSON but
     not an owner record, or whose pid or start is not a number, counts like an unreadable one
     (its age decides: refused while fresh, naming the file to delete if no run uses the
-    directory; taken over once older than 5 minutes), never a traceback (before: an
-    AttributeError, ValueError or TypeError from the ownership check)."""
+    directory; taken over once older than 5 minutes; a directory of that name cannot be, and
+    is named to delete), never a traceback (before: an AttributeError, ValueError, TypeError or
+    IsADirectoryError from the ownership check)."""
     import socket
 
     from training.errors import UserError
     from training.owner import DirectoryOwner
 
     path = tmp_path / "OWNER.json"
-    path.write_text(text.replace("HERE", socket.gethostname()))
+    if text is None:
+        path.mkdir()
+    else:
+        path.write_text(text.replace("HERE", socket.gethostname()))
     os.utime(path, (time.time() - age_s, time.time() - age_s))
     owner = DirectoryOwner(tmp_path)
     if refusal is None:
@@ -495,7 +501,9 @@ def test_an_owner_file_of_the_wrong_shape_is_judged_by_its_age(text, age_s, refu
     with pytest.raises(UserError) as e:
         owner.take()
     assert re.search(refusal.replace("HERE", re.escape(socket.gethostname())), str(e.value))
-    assert str(e.value).endswith(f"delete {path} if no run uses the directory)")
+    assert str(e.value).endswith(f"delete {path}" if text is None
+                                 else f"delete {path} if no run uses the directory)")
+    assert [p.name for p in tmp_path.iterdir()] == ["OWNER.json"]  # no leftover temporary file
 
 
 @pytest.mark.parametrize("seq_len, warned", [(4160, True), (4096, False)])

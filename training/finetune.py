@@ -66,6 +66,7 @@ from training.parallel import (
     compute_dtype,
     parallelize,
 )
+from training.prometheus import check_port
 from training.reporting import MetricsLogger
 from training.run_record import data_fingerprint, run_record
 
@@ -446,6 +447,8 @@ def run(cfg: JobConfig, env: DistEnv, faults: Faults | None = None) -> dict:
     from transformers import AutoTokenizer
 
     _check_paths(cfg)
+    if cfg.metrics.metrics_port:  # served by each node's local rank 0 from the first step on
+        hub.on_node_leader_first(env, lambda: check_port(cfg.metrics.metrics_port))
     _own_checkpoint_dir(cfg, env)  # before the node check writes its probe into it
     node_check = check_job(cfg, env)  # the nodes and the fabric, before any download
     check_precision(cfg.model.precision, env.device)

@@ -88,6 +88,10 @@ FORMAT_FIELDS = {
 """The fields each format needs, in auto-detection order (alpaca datasets such as
 tatsu-lab/alpaca also carry a rendered `text`: the structured fields win)."""
 
+LITERAL_BRACES = " (a literal brace in the template is written {{ or }})"
+"""What a template with JSON or code in it needs: str.format reads every single brace as a
+field."""
+
 Segments = list[tuple[str, bool]]
 """A rendered record: (text, trained) pieces in order."""
 
@@ -389,9 +393,11 @@ def render(record: dict, fmt: str, cfg: DataConfig, where: str) -> Segments | li
             prompt = cfg.prompt_template.format_map(record)
         except KeyError as e:
             raise UserError(f"{where}: --prompt-template names {{{e.args[0]}}}, which the "
-                            f"record lacks; it has {', '.join(sorted(record))}") from None
+                            f"record lacks; it has {', '.join(sorted(record))}{LITERAL_BRACES}"
+                            ) from None
         except (IndexError, AttributeError, TypeError, ValueError) as e:
-            raise UserError(f"{where}: --prompt-template cannot render it: {e}") from None
+            raise UserError(f"{where}: --prompt-template cannot render it: {e}{LITERAL_BRACES}"
+                            ) from None
     return [(prompt, False), (response, True)]
 
 

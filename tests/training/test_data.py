@@ -440,8 +440,13 @@ def test_bytes_that_are_not_utf8_name_their_line(tmp_path):
     (['{"a": "x", "b": "y"}'],
      {"prompt_field": "a", "response_field": "b", "prompt_template": "{a} {c}"},
      r"record 1 \(line 1\): --prompt-template names \{c\}, which the record lacks"),
+    (['{"a": "x", "b": "y"}'],
+     {"prompt_field": "a", "response_field": "b", "prompt_template": 'As JSON {"v": {a}}'},
+     r'record 1 \(line 1\): --prompt-template names \{"v"\}, which the record lacks; it has '
+     r"a, b \(a literal brace in the template is written \{\{ or \}\}\)"),
 ], ids=["alpaca-missing-output", "null-completion", "fields-typo", "chat-no-assistant",
-        "chat-no-content", "unknown-format", "wrong-type", "not-an-object", "template-field"])
+        "chat-no-content", "unknown-format", "wrong-type", "not-an-object", "template-field",
+        "template-literal-brace"])
 def test_bad_record_names_record_and_field(lines, data, message, tmp_path):
     """Checked against the records written here: the error names the file, the record's
     number and line, and what is missing or wrong."""

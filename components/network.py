@@ -37,6 +37,10 @@ class SubnetPlan:
     public_cidr: str
 
 
+MAX_AVAILABILITY_ZONES = 7
+"""AZs the subnet plan has room for: seven private eighths of the VPC, the eighth one for the public subnets."""
+
+
 def plan_subnets(vpc_cidr: str, availability_zones: tuple[str, ...]) -> list[SubnetPlan]:
     """Split the VPC into large private subnets (pods take VPC IPs) and small public ones.
 
@@ -46,8 +50,8 @@ def plan_subnets(vpc_cidr: str, availability_zones: tuple[str, ...]) -> list[Sub
     """
     vpc = ipaddress.ip_network(vpc_cidr)
     eighths = list(vpc.subnets(prefixlen_diff=3))
-    if len(availability_zones) > 7:
-        raise ValueError("at most 7 availability zones fit this subnet plan")
+    if len(availability_zones) > MAX_AVAILABILITY_ZONES:
+        raise ValueError(f"at most {MAX_AVAILABILITY_ZONES} availability zones fit this subnet plan")
     publics = list(eighths[7].subnets(prefixlen_diff=3))
     return [
         SubnetPlan(az, str(eighths[i]), str(publics[i])) for i, az in enumerate(availability_zones)

@@ -1,4 +1,6 @@
-"""Checks that need the AWS account or today's date, run by ``build_stack`` before any resource.
+"""Checks that need the AWS account or today's date, run by ``build_stack`` before any resource
+(and by ``load_settings`` when the stack file has problems of its own, so that one preview lists
+both).
 
 The settings parse (components/settings_parser.py) is pure: it cannot see the account. What
 only the account can answer is asked here, at preview, with AWS invokes, and every problem found
@@ -181,23 +183,36 @@ def addon_pin_problems(kubernetes_version: str, newest: dict[str, str]) -> list[
     ]
 
 
-def preflight(settings: Settings, today: date | None = None) -> None:
-    """Ask the account, raise one ``SettingsError`` with every problem found, warn on the rest.
+def account_problems(settings: Settings) -> tuple[list[Problem], list[Problem]]:
+    """(problems, warnings) of ``settings`` that only the account can tell: its zones, offerings,
+    GPU quota, deploying role and add-on builds.
 
     Only for a cluster this stack creates: an existing cluster's zones, nodes and add-ons are
-    already chosen.
+    already chosen. The add-on pins are asked only for a Kubernetes version that has pins (the
+    settings rules name any other).
     """
     if not settings.creates_cluster:
-        return
+        return [], []
     region, version = settings.region, settings.cluster.kubernetes_version
     problems = zone_problems(settings, zone_ids(region), offering_zones(settings.profile.instance_type, region))
     quota, warnings = quota_problems(settings, gpu_vcpu_quota(region))
     problems += quota
     if not cluster_exists(settings.name, region):
         problems += creator_access_problems(settings, caller_role_arn())
-    problems += addon_pin_problems(version, newest_addon_versions(version, region))
+    if version in versions.EKS_ADDONS:
+        problems += addon_pin_problems(version, newest_addon_versions(version, region))
+    return problems, warnings
+
+
+def preflight(settings: Settings, today: date | None = None) -> None:
+    """Ask the account (``account_problems``), raise one ``SettingsError`` with every problem
+    found, warn on the rest."""
+    if not settings.creates_cluster:
+        return
+    problems, warnings = account_problems(settings)
     if problems:
         raise SettingsError(settings.stack, problems)
+    version = settings.cluster.kubernetes_version
     for warning in warnings:
         pulumi.log.warn(str(warning))
     support = versions.standard_support_warning(version, today or date.today())

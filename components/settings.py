@@ -19,8 +19,9 @@ from training.config import JobConfig
 
 NAMESPACE = "fsdp-eks"
 SECRET_KEYS = ("hfToken", "grafanaAdminPassword", "alertSlackWebhook")
-"""Top-level keys: Pulumi.yaml declares each ``secret: true`` (a declaration covers a whole key, so a
-secret never sits inside a section, where it would turn the section secret or stay plain text)."""
+"""Top-level keys, each set with ``pulumi config set --secret`` (a secret inside a section would
+turn the section secret or stay plain text). Preview refuses one stored in plain text, and one
+written inside a section (components/settings_parser.py)."""
 
 RdzvBackend = Literal["etcd", "etcd-v2", "c10d"]
 SecondaryInterfaceType = Literal["efa", "efa-only"]
@@ -341,8 +342,9 @@ class SettingsError(ValueError):
 
 
 def job_node_bounds(job: JobSettings) -> tuple[int, int]:
-    """Elastic bounds of the job: min = max = nodes unless asked otherwise."""
-    return (job.min_nodes or job.nodes, job.max_nodes or job.nodes)
+    """Elastic bounds of the job: min = max = nodes unless asked otherwise (0 is asked: refused)."""
+    return (job.nodes if job.min_nodes is None else job.min_nodes,
+            job.nodes if job.max_nodes is None else job.max_nodes)
 
 
 def gpus_per_node(job: JobSettings, profile: HardwareProfile) -> int:

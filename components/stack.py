@@ -21,7 +21,7 @@ from components.planning.forecast import forecast, forecast_line
 from components.planning.memory_fit import model_shape
 from components.preflight import preflight
 from components.registry import TrainingImage, TrainingImageArgs
-from components.settings import Settings, gpus_per_node
+from components.settings import Settings, SettingsError, gpus_per_node
 from components.settings_parser import load_settings
 from components.storage import SharedClaim, SharedStorage, SharedStorageArgs
 from components.training_job import TrainingJob, TrainingJobArgs
@@ -261,6 +261,16 @@ def _training(
 
 
 def main() -> None:
-    """The program of ``pulumi up``: settings from the stack file, components, exports."""
-    for key, value in build_stack(load_settings()).items():
+    """The program of ``pulumi up``: settings from the stack file, components, exports.
+
+    A wrong configuration (``SettingsError``, raised before any resource) ends it as a
+    ``pulumi.RunError``, whose message the language host logs alone; any other exception it logs
+    as "Program failed with an unhandled exception" with the traceback
+    (pulumi/pulumi, sdk/python/cmd/pulumi-language-python-exec).
+    """
+    try:
+        outputs = build_stack(load_settings())
+    except SettingsError as error:
+        raise pulumi.RunError(str(error)) from None
+    for key, value in outputs.items():
         pulumi.export(key, value)

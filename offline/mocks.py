@@ -18,11 +18,11 @@ from pulumi.runtime import config as runtime_config
 from pulumi.runtime import mocks as pulumi_mocks
 
 from components.planning.hardware import PROFILES
-from components.settings import SECRET_KEYS
 from components.settings_parser import load_settings
 from components.stack import build_stack
 from components.versions import EKS_ADDONS
 from offline.recording import Recording, Registration
+from offline.stacks import is_secure
 
 FAKE_ACCOUNT = "123456789012"
 
@@ -210,11 +210,12 @@ class NoResourceRefsMonitor(pulumi_mocks.MockMonitor):
 
 
 def run_program(config: dict[str, Any], stack: str = "test", mocks: AwsLikeMocks | None = None) -> Recording:
-    """Run ``build_stack(load_settings())`` with ``config`` (keys with namespace, values parsed);
-    ``mocks``: how AWS answers (default: ``AwsLikeMocks`` with the example tables)."""
-    flat = {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
-    secret_keys = [f"fsdp-eks:{k}" for k in SECRET_KEYS]
-    runtime_config.set_all_config(flat, secret_keys)
+    """Run ``build_stack(load_settings())`` with ``config`` (keys with namespace, values parsed;
+    a secret as ``offline.stacks.secure`` writes it, anything else is plain text as in a stack
+    file); ``mocks``: how AWS answers (default: ``AwsLikeMocks`` with the example tables)."""
+    plain = {k: v["secure"] if is_secure(v) else v for k, v in config.items()}
+    flat = {k: v if isinstance(v, str) else json.dumps(v) for k, v in plain.items()}
+    runtime_config.set_all_config(flat, [k for k, v in config.items() if is_secure(v)])
     region = config.get("aws:region", "us-west-2")
     mocks = mocks or AwsLikeMocks(region)
     monitor = NoResourceRefsMonitor(mocks)

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from components.settings import SettingsError
 from offline import rendering
 from offline.mocks import run_program
 from offline.recording import MASK, Recording, Registration, masked
@@ -88,7 +89,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stack", default="p5", choices=STACKS, help="stack file Pulumi.<stack>.yaml")
     parser.add_argument("--out", type=Path, default=Path("out/p5"), help="folder for the rendered YAML")
     args = parser.parse_args(argv)
-    recording = run_program(stack_config(args.stack), args.stack)
+    try:
+        recording = run_program(stack_config(args.stack), args.stack)
+    except SettingsError as error:  # the problems alone, as `pulumi preview` prints them
+        raise SystemExit(str(error)) from None
     print_plan(recording, args.stack, offline_examples(stack_file_config(args.stack)))
     written = write_manifests(recording, args.out)
     print(f"Wrote {len(written)} Kubernetes objects and Helm values to {args.out}/")

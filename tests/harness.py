@@ -24,14 +24,14 @@ from components.settings import (
 from components.settings_parser import parse_settings
 from offline.mocks import run_program
 from offline.recording import Recording, Registration, is_secret_value
-from offline.stacks import DUMMY_SECRETS, STACKS, stack_config
+from offline.stacks import DUMMY_SECRETS, STACKS, secure, stack_config
 from training import config as training_config
 
 __all__ = ["DUMMY_SECRETS", "STACKS", "Recording", "Registration", "run_program", "stack_config", "tolerates",
            "SECRETS", "raw_settings", "job_settings", "parse", "settings_error", "plain", "PYTORCHJOB", "job_of", "worker",
            "container", "parse_flags", "GPU_TAINT", "HELM", "POD_IDENTITY", "release", "installs_pin", "pod_identity",
            "trusted_by_pod_identity", "waits_for", "region_of", "variant_config", "variant", "require_tool",
-           "tool_missing", "under_ci", "free_port"]
+           "tool_missing", "under_ci", "free_port", "secure"]
 
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
 HELM = "kubernetes:helm.sh/v3:Release"

@@ -35,6 +35,7 @@ from tests.harness import (
     raw_settings,
     release,
     require_tool,
+    secure,
     settings_error,
     variant,
 )
@@ -53,7 +54,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 def render(slack: bool, sns: bool) -> Recording:
     return variant("p5", **({"observability": {"alertSnsTopicArn": TOPIC}} if sns else {}),
-                   **({"alertSlackWebhook": WEBHOOK} if slack else {}))
+                   **({"alertSlackWebhook": secure(WEBHOOK)} if slack else {}))
 
 
 @pytest.fixture(scope="module", params=[(True, False), (False, True), (True, True)], ids=["slack", "sns", "both"])

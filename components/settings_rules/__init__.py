@@ -17,7 +17,7 @@ from components.settings_rules.cluster import cluster_rules, network_rules, open
 from components.settings_rules.fit import gpu_memory_rules, host_memory_rules
 from components.settings_rules.gpu_nodes import gpu_node_rules
 from components.settings_rules.job import context_warning, hsdp_straddles_nodes_warning, job_rules
-from components.settings_rules.names import name_rules
+from components.settings_rules.names import name_rules, region_rules
 from components.settings_rules.services import (
     no_alert_receiver_warning,
     observability_rules,
@@ -32,4 +32,5 @@ WARNINGS: list[Rule] = [open_endpoint_warning, no_alert_receiver_warning, hsdp_s
 """What preview warns about but accepts (``settings_parser.settings_warnings``)."""
 
 RULES: list[Rule] = [network_rules, cluster_rules, gpu_node_rules, job_rules, secret_rules,
-                     gpu_memory_rules, host_memory_rules, observability_rules, storage_rules, name_rules]
+                     gpu_memory_rules, host_memory_rules, observability_rules, storage_rules, name_rules,
+                     region_rules]

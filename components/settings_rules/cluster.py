@@ -6,6 +6,7 @@ import ipaddress
 import re
 
 from components import versions
+from components.network import MAX_AVAILABILITY_ZONES
 from components.settings import Problem, Settings
 
 
@@ -16,27 +17,59 @@ def network_rules(s: Settings) -> list[Problem]:
     problems = []
     if n.existing_vpc_id is None:
         try:
-            net = ipaddress.ip_network(n.vpc_cidr)
+            net = ipaddress.IPv4Network(n.vpc_cidr)
             if net.prefixlen > 20:
                 problems.append(
                     Problem("network.vpcCidr", n.vpc_cidr, "use a /20 or larger block (e.g. 10.0.0.0/16): "
                             "pods take VPC IPs")
                 )
+            if net.prefixlen < 16:
+                problems.append(Problem("network.vpcCidr", n.vpc_cidr, "use a /16 to /20 block: a VPC's CIDR is "
+                                        "at most a /16 (EC2 CreateVpc), e.g. 10.0.0.0/16"))
         except ValueError:
             problems.append(Problem("network.vpcCidr", n.vpc_cidr, "give an IPv4 CIDR such as 10.0.0.0/16"))
-        if len(n.availability_zones) < 2:
+        azs = n.availability_zones
+        if len(set(azs)) < 2:
             problems.append(
-                Problem("network.availabilityZones", list(n.availability_zones),
+                Problem("network.availabilityZones", list(azs),
                         "list at least two AZs of the region (EKS requires subnets in two AZs)")
             )
+        problems += [Problem("network.availabilityZones", az, "listed twice: list each AZ once")
+                     for az in sorted({az for az in azs if azs.count(az) > 1})]
+        if len(azs) > MAX_AVAILABILITY_ZONES:
+            problems.append(Problem("network.availabilityZones", list(azs),
+                                    f"list at most {MAX_AVAILABILITY_ZONES} AZs (the subnet plan of "
+                                    "components/network.py): the GPU AZ and a few others are enough"))
     else:
+        if not VPC_ID.fullmatch(n.existing_vpc_id):
+            problems.append(Problem("network.existingVpcId", n.existing_vpc_id,
+                                    "give the VPC's id: vpc- and 8 or 17 hex digits (aws ec2 describe-vpcs)"))
         for key, ids in (
             ("network.existingPrivateSubnetIds", n.existing_private_subnet_ids),
             ("network.existingGpuSubnetIds", n.existing_gpu_subnet_ids),
         ):
             if not ids:
                 problems.append(Problem(key, [], "with network.existingVpcId, list the subnet ids"))
+    subnets = (("network.existingPrivateSubnetIds", n.existing_private_subnet_ids),
+               ("network.existingPublicSubnetIds", n.existing_public_subnet_ids),
+               ("network.existingGpuSubnetIds", n.existing_gpu_subnet_ids))
+    for key, ids in subnets:
+        if ids and n.existing_vpc_id is None:
+            problems.append(Problem(key, list(ids), "subnets of an existing VPC: set network.existingVpcId too "
+                                                    "(without it the stack creates a VPC and ignores them)"))
+        problems += [Problem(key, subnet, "give subnet ids: subnet- and 8 or 17 hex digits "
+                                          "(aws ec2 describe-subnets --filters Name=vpc-id,Values=<the VPC id>)")
+                     for subnet in ids if not SUBNET_ID.fullmatch(subnet)]
     return problems
+
+
+VPC_ID = re.compile(r"vpc-([0-9a-f]{8}|[0-9a-f]{17})")
+SUBNET_ID = re.compile(r"subnet-([0-9a-f]{8}|[0-9a-f]{17})")
+"""EC2 ids: the type's prefix and 8 hex digits (resources created before 2016-2018) or 17 (EC2
+user guide, "Resource IDs"; docs/design.md#network-and-cluster)."""
+EC2_INSTANCE_TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
+"""An EC2 instance type name: family (generation, options) '.' size: m6i.2xlarge, c7i-flex.large,
+u-6tb1.metal."""
 
 
 def cluster_rules(s: Settings) -> list[Problem]:
@@ -50,6 +83,9 @@ def cluster_rules(s: Settings) -> list[Problem]:
         )
     problems += size_rules("cluster.systemNodes", c.system_nodes.min_size,
                             c.system_nodes.desired_size, c.system_nodes.max_size)
+    if not EC2_INSTANCE_TYPE.fullmatch(c.system_instance_type):
+        problems.append(Problem("cluster.systemInstanceType", c.system_instance_type,
+                                "give an EC2 instance type such as m6i.2xlarge (family.size)"))
     for cidr in c.public_access_cidrs:
         if not _is_cidr(cidr):
             problems.append(Problem("cluster.publicAccessCidrs", cidr, "give IPv4 CIDRs such as 203.0.113.0/24"))

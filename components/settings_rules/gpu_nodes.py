@@ -8,6 +8,10 @@ from components.settings import Problem, Settings
 from components.settings_rules.cluster import size_rules
 
 
+CAPACITY_RESERVATION_ID = re.compile(r"cr-[0-9a-f]{17}")
+"""A capacity reservation (or capacity block) id. EC2 ids have had 17 hex digits for every
+resource created since mid-2018 (EC2 user guide, "Resource IDs"), and capacity reservations came
+after (late 2018): none has the older 8 (docs/design.md#gpu-nodes-and-efa)."""
 PLACEMENT_GROUP_NAME = re.compile(r"[\x21-\x7e][\x20-\x7e]{0,254}")
 """An EC2 placement group name: up to 255 ASCII characters (CreatePlacementGroup ``GroupName``)."""
 
@@ -24,9 +28,11 @@ def gpu_node_rules(s: Settings) -> list[Problem]:
                     f"use the reservation's AZ and list it in network.availabilityZones ({', '.join(azs)})")
         )
     rid = g.capacity_reservation_id
-    if rid is not None and not re.fullmatch(r"cr-[0-9a-f]{8,17}", rid):
+    if rid is not None and not CAPACITY_RESERVATION_ID.fullmatch(rid):
         problems.append(
-            Problem("gpuNodes.capacityReservationId", rid, "give the reservation id, cr- followed by hex digits")
+            Problem("gpuNodes.capacityReservationId", rid,
+                    "give the reservation id, cr- followed by 17 hex digits such as cr-0123456789abcdef0 "
+                    "(aws ec2 describe-capacity-reservations)")
         )
     if s.profile.reservation_only and rid is None:
         problems.append(

@@ -25,7 +25,7 @@ def job_rules(s: Settings) -> list[Problem]:
     lo, hi = job_node_bounds(j)
     if not 1 <= lo <= j.nodes <= hi:
         problems.append(Problem("job.minNodes/maxNodes", [lo, hi],
-                                f"need minNodes <= nodes ({j.nodes}) <= maxNodes"))
+                                f"need 1 <= minNodes <= nodes ({j.nodes}) <= maxNodes"))
     if s.creates_cluster and hi > s.gpu_nodes.max_size:
         problems.append(Problem("job.maxNodes", hi, f"at most gpuNodes.maxSize ({s.gpu_nodes.max_size})"))
     if s.creates_cluster and j.nodes > s.gpu_nodes.desired_size:

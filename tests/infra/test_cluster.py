@@ -380,11 +380,12 @@ def test_secondary_interfaces_plain_efa_when_asked():
 
 
 def test_existing_vpc_creates_no_network():
-    rec = variant("p5", network={"existingVpcId": "vpc-0123", "existingPrivateSubnetIds": ["subnet-a", "subnet-b"],
-                                 "existingPublicSubnetIds": ["subnet-c"], "existingGpuSubnetIds": ["subnet-b"]})
+    vpc, a, b, c = "vpc-0123456789abcdef0", "subnet-0aaaaaaaaaaaaaaaa", "subnet-0bbbbbbbbbbbbbbbb", "subnet-0ccccccc"
+    rec = variant("p5", network={"existingVpcId": vpc, "existingPrivateSubnetIds": [a, b],
+                                 "existingPublicSubnetIds": [c], "existingGpuSubnetIds": [b]})
     assert rec.of_type("aws:ec2/vpc:Vpc") == [] and rec.of_type("aws:ec2/subnet:Subnet") == []
-    assert rec.one("eks:index:Cluster").inputs["vpcId"] == "vpc-0123"
-    assert rec.one(NODE_GROUP, "gpu-gpu").inputs["subnetIds"] == ["subnet-b"]
+    assert rec.one("eks:index:Cluster").inputs["vpcId"] == vpc
+    assert rec.one(NODE_GROUP, "gpu-gpu").inputs["subnetIds"] == [b]
 
 
 def test_existing_cluster_deploys_only_in_cluster_layers():

@@ -143,6 +143,46 @@ def test_preview_refuses_a_gpu_az_without_the_instance_type_and_names_where_it_i
     assert created == []
 
 
+def test_what_the_account_says_comes_with_the_stack_files_problems():
+    """One preview: a stack file with problems of its own (a malformed CIDR, an unpinned
+    Kubernetes version) and a GPU AZ the account is not offered the instance in (the example
+    offerings: p5.48xlarge in us-west-2a and 2c) lists all of them, not the file's first and the
+    account's at the next run. What names a key already refused (an AZ of another region) is not
+    asked again; an unknown profile or region asks the account nothing."""
+    config = variant_config("p5", network={"vpcCidr": "10.0.0/16"}, cluster={"kubernetesVersion": "1.20"},
+                            gpuNodes={"availabilityZone": "us-west-2b"})
+    message, created = refused(config, "p5-both")
+    assert "fsdp-eks:network.vpcCidr = '10.0.0/16'" in message
+    assert "fsdp-eks:cluster.kubernetesVersion = '1.20'" in message
+    assert "fsdp-eks:gpuNodes.availabilityZone = 'us-west-2b': p5.48xlarge is not offered" in message
+    assert created == []
+    config = variant_config("p5", network={"vpcCidr": "10.0.0/16"}, gpuNodes={"availabilityZone": "eu-west-1a"})
+    message, _ = refused(config, "p5-other-region")
+    assert "is not offered" not in message and "eu-west-1a': give an AZ name of the stack's region" in message
+    message, _ = refused(variant_config("p5", profile="p6", gpuNodes={"availabilityZone": "us-west-2b"}), "p5-p6")
+    assert "is not offered" not in message and "fsdp-eks:profile = 'p6'" in message
+
+
+class NoCredentials(AwsLikeMocks):
+    """An account that cannot be asked: every invoke fails as the AWS provider fails one without
+    credentials (an error in the invoke's response, which the SDK raises at the call)."""
+
+    def call(self, args):
+        return {}, [("", "no valid credential sources found")]
+
+
+def test_a_stack_files_problems_do_not_wait_for_the_account(monkeypatch):
+    """Without credentials the account's checks fail; the file's own problems are still listed,
+    alone, with a warning that the account was not asked."""
+    warned: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: warned.append(message))
+    config = variant_config("p5", network={"vpcCidr": "10.0.0/16"})
+    with pytest.raises(SettingsError) as info:
+        run_program(config, "p5-no-credentials", mocks=NoCredentials("us-west-2"))
+    assert [p.key for p in info.value.problems] == ["network.vpcCidr"]
+    assert any("the AWS account was not asked" in w and "no valid credential sources" in w for w in warned), warned
+
+
 # --------------------------------------------------------------------------- GPU quota, creator, add-on pins
 
 

@@ -37,6 +37,7 @@ from tests.harness import (
     plain,
     pod_identity,
     release,
+    secure,
     stack_config,
     tolerates,
     trusted_by_pod_identity,
@@ -382,7 +383,7 @@ def test_an_existing_stack_keeps_every_observability_resource():
     stack_urn = "urn:pulumi:p5-variant::fsdp-eks::"
     recording = variant(
         "p5", observability={"cloudwatchContainerInsights": True, "debugTools": True, "alertSnsTopicArn": TOPIC},
-        alertSlackWebhook="https://hooks.slack.com/services/T000/B000/XXXX")
+        alertSlackWebhook=secure("https://hooks.slack.com/services/T000/B000/XXXX"))
     before = [line for line in RESOURCE_URNS.read_text().splitlines() if line and not line.startswith("#")]
     assert len(before) > 20
     known = urns_in_state(recording)

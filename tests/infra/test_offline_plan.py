@@ -7,9 +7,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from components.stack import Export
+from offline import plan, stacks
 from offline.plan import print_plan, write_manifests
 from offline.stacks import DUMMY_SECRETS, ROOT
 from tests.harness import Recording, stack_config
@@ -58,3 +60,57 @@ def test_two_runs_print_and_write_the_same_plan(tmp_path):
         files = {str(p.relative_to(out)): p.read_text() for p in sorted(out.rglob("*.yaml"))}
         runs.append((done.stdout.replace(str(out), "OUT"), files))
     assert runs[0][1] and runs[0] == runs[1]
+
+
+def plan_of(stack_file: str, tmp_path, monkeypatch) -> str:
+    """What ``python -m offline --stack bad`` says of a stack file ``Pulumi.bad.yaml`` that must be
+    refused: the message it exits with. Nothing is written."""
+    (tmp_path / "Pulumi.bad.yaml").write_text(stack_file)
+    monkeypatch.setattr(stacks, "ROOT", tmp_path)
+    monkeypatch.setattr(plan, "STACKS", ["bad"])
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as ended:
+        plan.main(["--stack", "bad", "--out", str(out)])
+    assert not out.exists(), "refused before anything is written"
+    assert isinstance(ended.value.code, str), "a message, not a bare status"
+    return ended.value.code
+
+
+@pytest.mark.parametrize("stack_file, found", [
+    ("config: [fsdp-eks:profile, p5]\n", "(stack file) = 'config: a list': must be a mapping"),
+    ("config: p5\n", "(stack file) = 'config: a string': must be a mapping"),
+    ("", "(stack file) = 'config: nothing': must be a mapping"),
+    ("config:\n  fsdp-eks:job:\n    nodes: 2\n   seqLen: 5\n", "is not valid YAML"),
+    ("config:\n  profile: p5\n", "(stack file) = 'config: profile': a key needs its namespace: `fsdp-eks:profile`"),
+    ("config:\n  fsdp-eks:profile: p5\n  fsdp-eks:hfToken:\n    secure: AAABAKx\n",
+     "(stack file) = 'fsdp-eks:hfToken': an encrypted value"),
+])
+def test_the_plan_of_a_file_that_is_no_stack_file_is_one_message(stack_file, found, tmp_path, monkeypatch):
+    """Checked against Pulumi's stack file: a ``config:`` mapping of ``<namespace>:<name>`` keys
+    (Pulumi's ParseKey refuses a key without its namespace). Before: a TypeError or KeyError
+    traceback."""
+    message = plan_of(stack_file, tmp_path, monkeypatch)
+    assert found in message and "Traceback" not in message, message
+
+
+def test_the_plan_of_a_wrong_stack_file_lists_every_problem(tmp_path, monkeypatch):
+    """A stack file wrong in several places: the plan refuses it with every problem at once (the
+    unknown profile hid the others before), the secret it gives in plain text named but not
+    repeated, a key under a misspelt namespace named (the program reads only fsdp-eks: keys: it
+    was ignored), and no traceback."""
+    token = "hf_PlainTextTokenInTheStackFile42"
+    stack_file = yaml.safe_dump({"config": {
+        "aws:region": "us-west-2",
+        "fsdp-eks:profile": "p6",
+        "fsdp-eks:hfToken": token,
+        "fsdp-eks:network": {"vpcCidr": "bad", "availabilityZones": ["us-west-2a", "us-west-2c"]},
+        "fsdp-eks:gpuNodes": {"availabilityZone": "us-west-2c", "desiredSise": 2},
+        "fsdp-eks:job": {"seqLen": 4, "nodes": 1},
+        "fsdp_eks:storage": {"fsx": True},
+    }})
+    message = plan_of(stack_file, tmp_path, monkeypatch)
+    for problem in ("fsdp-eks:profile = 'p6'", "fsdp-eks:hfToken = '(not shown)': stored in plain text",
+                    "fsdp-eks:network.vpcCidr = 'bad'", "fsdp-eks:gpuNodes.desiredSise = 2: unknown key",
+                    "fsdp-eks:job.seqLen = 4", "(fsdp_eks:storage) = 'fsdp_eks': not the project's namespace"):
+        assert problem in message, message
+    assert token not in message and "Traceback" not in message

@@ -15,10 +15,14 @@ import re
 from pathlib import Path
 
 import kubernetes_validate
+import pulumi
 import pytest
 
 from components import rendezvous
+from components import stack as program
+from components.settings import SettingsError
 from components.settings_parser import settings_warnings
+from offline.mocks import AwsLikeMocks
 from tests.harness import (
     Recording,
     job_of,
@@ -26,6 +30,7 @@ from tests.harness import (
     plain,
     raw_settings,
     run_program,
+    secure,
     settings_error,
     stack_config,
     variant,
@@ -234,3 +239,46 @@ def test_access_settings_on_an_existing_cluster_are_refused():
     keys = {p.key for p in settings_error(config).problems}
     # Each is read only where the stack creates the cluster: on another it would silently do nothing.
     assert {"cluster.adminRoleArns", "cluster.endpointPublicAccess", "cluster.auditLog"} <= keys
+
+
+# --------------------------------------------------------------------------- secrets in the stack file
+@pytest.mark.parametrize("key, value", [
+    ("hfToken", "hf_PlainTextTokenNotEncrypted42"),
+    ("grafanaAdminPassword", "plain-text-grafana-password"),
+    ("alertSlackWebhook", "https://hooks.slack.com/services/T0000/B0000/plaintextwebhook"),
+])
+def test_a_secret_set_without_secret_is_refused_before_anything_is_created(key, value):
+    """Checked against Pulumi's configuration: ``pulumi config set`` without ``--secret`` writes
+    the value in plain text into Pulumi.<stack>.yaml, and the engine lists only the encrypted
+    keys as secret (PULUMI_CONFIG_SECRET_KEYS, read by the SDK's ``is_config_secret``);
+    ``get_secret`` would still hide it in the state, so nothing else would tell. Preview refuses
+    it, naming the command, without repeating the value, before any resource."""
+    mocks = AwsLikeMocks("us-west-2")
+    with pytest.raises(SettingsError) as refused:
+        run_program({**stack_config("p5"), f"fsdp-eks:{key}": value}, "p5-plain", mocks=mocks)
+    message = str(refused.value)
+    assert f"fsdp-eks:{key} = '(not shown)': stored in plain text in Pulumi.p5-plain.yaml" in message
+    assert f"`pulumi config rm {key}` and `pulumi config set --secret {key} <value>`" in message
+    assert value not in message
+    assert mocks.registrations == []
+    run_program({**stack_config("p5"), f"fsdp-eks:{key}": secure(value)}, "p5-secure")  # the case that passes
+
+
+def test_an_empty_secret_is_a_missing_one():
+    """``pulumi config set --secret hfToken ""`` stores an empty token: the gated model's download
+    would fail in the pod. Preview asks for the token as if it were not set."""
+    with pytest.raises(SettingsError, match="fsdp-eks:hfToken = None: meta-llama/Llama-2-7b-hf is gated"):
+        run_program({**stack_config("p5"), "fsdp-eks:hfToken": secure(" ")}, "p5-empty-token")
+
+
+def test_a_wrong_stack_file_ends_pulumi_preview_without_a_traceback():
+    """Checked against pulumi-language-python-exec (pulumi/pulumi, sdk/python/cmd): it logs a
+    ``pulumi.RunError`` by its message alone and any other exception as "Program failed with an
+    unhandled exception" with the traceback. The program's entry point (``__main__.py``) turns
+    the settings' problems into the first."""
+    config = {**stack_config("p5"), "fsdp-eks:network": {"vpcCidr": "bad"}}
+    with pytest.raises(SettingsError) as problems:
+        run_program(config, "p5-bad")  # leaves the runtime configured with config, under mocks
+    with pytest.raises(pulumi.RunError) as ended:
+        program.main()
+    assert str(ended.value) == str(problems.value) and "network.vpcCidr = 'bad'" in str(ended.value)

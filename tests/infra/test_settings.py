@@ -11,6 +11,7 @@ import pytest
 
 from components import versions
 from components.settings import Secrets, SettingsError
+from components.settings_parser import parse_settings
 from tests.harness import SECRETS, parse, settings_error
 from tests.harness import raw_settings as raw
 
@@ -339,3 +340,215 @@ def test_the_data_keys_the_package_accepts_the_stack_accepts():
             training.data.val_fraction) == (50, True, 0.1)
     config["job"].update(keepBest=False, valFraction=0.0)
     assert parse(config).job.training.data.val_fraction == 0.0
+
+
+# ----------------------------------------------------------------------------- stack files gone wrong
+def problems_of(config: dict) -> dict[str, list[str]]:
+    """Key -> the messages on it, of a config that must be refused."""
+    found: dict[str, list[str]] = {}
+    for p in settings_error(config).problems:
+        found.setdefault(p.key, []).append(str(p))
+    return found
+
+
+@pytest.mark.parametrize("profile", ["p6", "p5.48xlarge", ["p5"], {"name": "p5"}, None])
+def test_an_unknown_profile_does_not_hide_the_other_problems(profile):
+    """A profile that is no row of the table (or not even a name) is named, and every problem that
+    does not depend on the profile is still listed (before: only the profile, or a TypeError for a
+    list)."""
+    config = raw("p5")
+    config["profile"] = profile
+    config["network"]["vpcCidr"] = "bad"
+    config["job"]["seqLen"] = 4
+    config["gpuNodes"]["capacityReservationId"] = "reservation-1"
+    found = problems_of(config)
+    assert set(found) == {"profile", "network.vpcCidr", "job.seqLen", "gpuNodes.capacityReservationId"}, found
+    assert "use one of p4de, p5" in found["profile"][0]
+
+
+@pytest.mark.parametrize("section, value", [("job", "nodes: 2"), ("gpuNodes", [1, 2]), ("storage", True),
+                                            ("network", None)])
+def test_a_section_that_is_not_an_object_does_not_hide_the_others(section, value):
+    """Checked against YAML: ``fsdp-eks:job: nodes: 2`` on one line is a string, a ``- item`` list
+    a list, an empty section null. The section is named; the other sections' rules still run,
+    and no rule reports the defaults that stood in for it (``job.nodes`` against the default
+    ``gpuNodes.desiredSize``)."""
+    config = raw("p5")
+    config["cluster"]["kubernetesVersion"] = "1.20"
+    config["job"]["nodes"] = 3
+    config["gpuNodes"].update(desiredSize=3, maxSize=3)
+    config[section] = value
+    found = problems_of(config)
+    assert section in found and "key: value pairs" in found[section][0], found
+    assert "cluster.kubernetesVersion" in found, found
+    assert not [k for k in found if k != section and k.startswith(f"{section}.")], found
+    if section == "gpuNodes":
+        assert "job.nodes" not in found, "compared with the stand-in default desiredSize"
+    if value is None:
+        assert "is empty" in found[section][0]
+
+
+@pytest.mark.parametrize("section, key, value", [
+    ("storage", "fsx", "yes"),  # YAML 1.2: a string (1.1's yes/no booleans are not Pulumi's)
+    ("network", "availabilityZones", "us-west-2a,us-west-2b"),
+    ("cluster", "systemNodes", {"minSize": "1", "desiredSize": 2, "maxSize": 3}),
+])
+def test_a_refused_value_is_named_once(section, key, value):
+    """A value of the wrong type is named with its fix, once: not again by a rule that ran on the
+    default in its place (``storage.fsx = False: a job on 2 nodes needs ...``), and a nested key
+    given with the wrong type is not also 'required'."""
+    config = raw("p5")
+    config[section][key] = value
+    found = problems_of(config)
+    assert len([m for messages in found.values() for m in messages]) == 1, found
+
+
+@pytest.mark.parametrize("section, key, meant", [
+    ("job", "seqlen", "did you mean job.seqLen?"),
+    ("job", "batch_size", "did you mean job.batchSize?"),
+    ("gpuNodes", "desiredSise", "did you mean gpuNodes.desiredSize?"),
+    ("gpuNodes", "nodes", "it belongs in job: job.nodes"),
+    ("network", "availabilityZone", "it belongs in gpuNodes: gpuNodes.availabilityZone"),
+    ("job", "profile", "it belongs at the top level: profile"),
+    (None, "prfile", "did you mean profile?"),
+    (None, "gpu_nodes", "did you mean gpuNodes?"),
+    (None, "nodes", "it belongs in job: job.nodes"),
+    (None, "region", "it belongs to the AWS provider: aws:region"),
+])
+def test_a_misspelt_or_misplaced_key_names_the_key_meant(section, key, meant):
+    config = raw("p5")
+    (config if section is None else config[section])[key] = 2
+    [message] = problems_of(config)[key if section is None else f"{section}.{key}"]
+    assert f": unknown key: {meant}" in message, message
+
+
+TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345"
+WEBHOOK = "https://hooks.slack.com/services/T0000/B0000/XXXXXXXXXXXXXXXX"
+
+
+@pytest.mark.parametrize("section, key, value, secret_key", [
+    ("job", "hfToken", TOKEN, "hfToken"),
+    ("job", "hf_token", TOKEN, "hfToken"),
+    (None, "HF_TOKEN", TOKEN, "hfToken"),
+    ("observability", "grafanaAdminPassword", "correct horse battery", "grafanaAdminPassword"),
+    ("observability", "alertSlackWebhook", WEBHOOK, "alertSlackWebhook"),
+    ("gpuNodes", "slackWebhook", WEBHOOK, None),
+    ("job", "apiKey", "sk-123456", None),
+    ("job", "notes", f"token {TOKEN}", None),
+    ("job", "env", {"HF_TOKEN": "anything"}, None),
+])
+def test_a_secret_in_the_wrong_place_is_never_printed(section, key, value, secret_key):
+    """A secret written into the stack file's plain text (anywhere but a ``--secret`` key) is
+    refused without repeating it: the preview's output goes to CI logs. A known secret's key is
+    named with the command that stores it encrypted."""
+    config = raw("p5")
+    (config if section is None else config[section])[key] = value
+    message = errors(config)
+    assert TOKEN not in message and "hooks.slack.com" not in message and "battery" not in message
+    assert "sk-123456" not in message and "anything" not in message
+    assert "(not shown)" in message
+    if secret_key:
+        assert f"pulumi config set --secret {secret_key} <value>" in message
+
+
+@pytest.mark.parametrize("key, value", [("modelParameters", float("nan")), ("modelParameters", float("inf")),
+                                        ("learningRate", float("nan")), ("valFraction", float("-inf"))])
+def test_a_number_that_is_not_finite_is_named(key, value):
+    """YAML's ``.nan`` and ``.inf`` are floats: refused as such, not compared (every comparison
+    with nan is false: a nan parameter count passed the positivity rule and the fit check
+    printed 'nan GiB')."""
+    config = raw("p5")
+    config["job"][key] = value
+    message = errors(config)
+    assert f"job.{key} = {value!r}: must be a finite number" in message
+    assert "nan GiB" not in message and "inf GiB" not in message
+
+
+def test_an_unquoted_version_is_told_to_be_quoted():
+    """YAML reads ``kubernetesVersion: 1.30`` as the float 1.3."""
+    config = raw("p5")
+    config["cluster"]["kubernetesVersion"] = 1.30
+    assert "cluster.kubernetesVersion = 1.3: must be a string: quote it" in errors(config)
+
+
+@pytest.mark.parametrize("section, key, value", [("job", "maxRestarts", 10**12), ("gpuNodes", "maxSize", 1e300),
+                                                 ("job", "seqLen", 2**31)])
+def test_a_number_beyond_32_bits_is_named(section, key, value):
+    """Kubernetes' int32 fields (a PyTorchJob's maxRestarts, replicas) and AWS API Integers (a node
+    group's sizes) take at most 2**31 - 1: beyond, refused at preview, not by the API during `up`."""
+    config = raw("p5")
+    config[section][key] = value
+    assert f"{section}.{key} = {value!r}: must be a whole number of at most 2147483647" in errors(config)
+
+
+def test_a_stack_without_its_region_is_told_to_set_it():
+    """``aws:region`` unset: preview names it (before: a ValueError from the EFA plugin's image
+    registry, after the first resources were registered)."""
+    with pytest.raises(SettingsError) as info:
+        parse_settings(raw("p5"), project="fsdp-eks", stack="p5", region="", secrets=SECRETS)
+    [problem] = info.value.problems
+    assert str(problem).startswith("(aws:region) = '': set the stack's AWS region: pulumi config set aws:region")
+
+
+@pytest.mark.parametrize("section, key", [("cluster", "existingClusterName"), ("network", "existingVpcId"),
+                                          ("gpuNodes", "capacityReservationId"), ("gpuNodes", "placementGroupName"),
+                                          ("observability", "alertSnsTopicArn"), ("storage", "existingClaimName")])
+def test_an_empty_optional_name_is_named_once(section, key):
+    """``key: ""`` for a key whose unset value is none: one problem on it. Before, an empty
+    existingClusterName meant an existing cluster (and refused storage.fsx for it), an empty
+    existingVpcId asked for subnets."""
+    config = raw("p5")
+    config[section][key] = ""
+    found = problems_of(config)
+    assert found == {f"{section}.{key}": [f"fsdp-eks:{section}.{key} = '': is empty: give a value, or remove "
+                                         "the key (unset is none)"]}, found
+
+
+@pytest.mark.parametrize("section, key, value, meant", [
+    (None, "profile", "p5.48xlarge", "p5"), (None, "profile", "P4DE", "p4de"),
+    ("job", "sharding", "full_shard", "FULL_SHARD"), ("job", "precision", "BF16", "bf16"),
+    ("job", "activationCheckpointing", "Selective", "selective"), ("cluster", "supportType", "extended", "EXTENDED"),
+])
+def test_a_choice_spelt_otherwise_names_the_one_meant(section, key, value, meant):
+    """Checked against the profile table (p5 is p5.48xlarge) and the choices' exact spellings."""
+    config = raw("p5")
+    (config if section is None else config[section])[key] = value
+    dotted = key if section is None else f"{section}.{key}"
+    assert f"{dotted} = {value!r}: did you mean {meant}? use one of " in errors(config)
+
+
+def test_a_key_set_without_path_says_so():
+    """Checked against Pulumi's config keys: ``pulumi config set job.nodes 2`` without ``--path``
+    stores a top-level key named ``job.nodes`` (a key is ``<namespace>:<name>``, and the name may
+    hold dots); ``--path`` sets ``nodes`` inside the ``job`` object."""
+    config = raw("p5")
+    config["job.nodes"] = 1
+    [message] = problems_of(config)["job.nodes"]
+    assert "set without --path" in message
+    assert "`pulumi config rm job.nodes` and `pulumi config set --path job.nodes <value>`" in message
+
+
+@pytest.mark.parametrize("section, key, value, unquote", [
+    ("job", "nodes", "2", True), ("storage", "fsx", "true", True), ("job", "learningRate", "2e-5", True),
+    ("job", "nodes", "2.5", False), ("job", "nodes", "two", False), ("storage", "fsx", "yes", False),
+])
+def test_a_quoted_number_or_boolean_is_told_to_lose_its_quotes(section, key, value, unquote):
+    """YAML reads ``nodes: "2"`` as a string: refused for a number, saying the quotes are the
+    problem when the text is one (and only then)."""
+    config = raw("p5")
+    config[section][key] = value
+    [message] = problems_of(config)[f"{section}.{key}"]
+    assert message.endswith(": write it without quotes in the stack file") == unquote, message
+
+
+def test_a_key_of_ours_under_another_namespace_is_named():
+    """The program reads only ``fsdp-eks:`` keys: one of ours under a misspelt namespace or a
+    provider's is ignored, so preview names it. ``aws:profile`` and ``aws:region`` are the AWS
+    provider's own keys (its configuration reference), not ours."""
+    others = ["aws:region", "aws:profile", "aws:gpuNodes", "fsdp_eks:job", "fsdpeks:observability", "pulumi:tags"]
+    with pytest.raises(SettingsError) as info:
+        parse_settings(raw("p5"), project="fsdp-eks", stack="p5", region="us-west-2", secrets=SECRETS,
+                       other_keys=others)
+    named = {p.key: str(p) for p in info.value.problems}
+    assert set(named) == {"(aws:gpuNodes)", "(fsdp_eks:job)", "(fsdpeks:observability)"}, named
+    assert named["(aws:gpuNodes)"].endswith("not the project's namespace, so the key is ignored: write fsdp-eks:gpuNodes")

@@ -51,6 +51,10 @@ def problems(config: dict, secrets: Secrets = SECRETS) -> dict[str, list[str]]:
 
 EXISTING = {"cluster.existingClusterName": "research", "storage": {"existingClaimName": "checkpoints"}}
 """An existing cluster (its checkpoints on a claim the user brings: FSx needs a cluster of ours)."""
+VPC, SUBNET_A, SUBNET_B = "vpc-0123456789abcdef0", "subnet-0a1b2c3d4e5f60718", "subnet-0f1e2d3c4b5a69788"
+EXISTING_VPC = {"existingVpcId": VPC, "existingPrivateSubnetIds": [SUBNET_A, SUBNET_B],
+                "existingGpuSubnetIds": [SUBNET_B]}
+"""An existing VPC with its private subnets, one of them in the GPU AZ."""
 NO_GRAFANA = Secrets(hf_token="hf_x", grafana_admin_password=None)
 NO_TOKEN = Secrets(hf_token=None, grafana_admin_password="pw")
 
@@ -63,18 +67,43 @@ CASES = [
      "network.vpcCidr", "give an IPv4 CIDR"),
     ("one-az", "p5", {"network.availabilityZones": ["us-west-2c"]}, SECRETS,
      "network.availabilityZones", "at least two AZs"),
+    ("one-az-twice", "p5", {"network.availabilityZones": ["us-west-2c", "us-west-2c"]}, SECRETS,
+     "network.availabilityZones", "at least two AZs"),
+    ("an-az-twice", "p5", {"network.availabilityZones": ["us-west-2a", "us-west-2c", "us-west-2a"]}, SECRETS,
+     "network.availabilityZones", "listed twice"),
+    # the subnet plan (components/network.py) has room for seven AZs
+    ("eight-azs", "p5", {"network.availabilityZones": [f"us-west-2{z}" for z in "abcdefgh"]}, SECRETS,
+     "network.availabilityZones", "list at most 7 AZs"),
+    # EC2 CreateVpc: a VPC's IPv4 block is /16 at most (and /28 at least)
+    ("vpc-cidr-too-large", "p5", {"network.vpcCidr": "10.0.0.0/8"}, SECRETS,
+     "network.vpcCidr", "use a /16 to /20 block"),
+    ("vpc-cidr-ipv6", "p5", {"network.vpcCidr": "fd00::/48"}, SECRETS,
+     "network.vpcCidr", "give an IPv4 CIDR"),
     ("existing-vpc-no-private-subnets", "p5",
-     {"network": {"existingVpcId": "vpc-0123", "existingGpuSubnetIds": ["subnet-b"]}}, SECRETS,
+     {"network": {"existingVpcId": VPC, "existingGpuSubnetIds": [SUBNET_B]}}, SECRETS,
      "network.existingPrivateSubnetIds", "list the subnet ids"),
     ("existing-vpc-no-gpu-subnets", "p5",
-     {"network": {"existingVpcId": "vpc-0123", "existingPrivateSubnetIds": ["subnet-a"]}}, SECRETS,
+     {"network": {"existingVpcId": VPC, "existingPrivateSubnetIds": [SUBNET_A]}}, SECRETS,
      "network.existingGpuSubnetIds", "list the subnet ids"),
+    # EC2 ids: prefix and 8 or 17 hex digits (EC2 user guide, "Resource IDs")
+    ("vpc-id-malformed", "p5", {"network": {**EXISTING_VPC, "existingVpcId": "my-vpc"}}, SECRETS,
+     "network.existingVpcId", "vpc- and 8 or 17 hex digits"),
+    ("vpc-id-of-another-resource", "p5", {"network": {**EXISTING_VPC, "existingVpcId": "subnet-0123abcd"}},
+     SECRETS, "network.existingVpcId", "vpc- and 8 or 17 hex digits"),
+    ("subnet-id-malformed", "p5", {"network": {**EXISTING_VPC, "existingGpuSubnetIds": ["subnet-b"]}}, SECRETS,
+     "network.existingGpuSubnetIds", "subnet- and 8 or 17 hex digits"),
+    ("subnet-id-of-ten-digits", "p5", {"network": {**EXISTING_VPC, "existingPublicSubnetIds": ["subnet-0123456789"]}},
+     SECRETS, "network.existingPublicSubnetIds", "subnet- and 8 or 17 hex digits"),
+    ("subnets-without-their-vpc", "p5", {"network.existingPrivateSubnetIds": [SUBNET_A]}, SECRETS,
+     "network.existingPrivateSubnetIds", "set network.existingVpcId too"),
     # cluster
     ("kubernetes-version-unpinned", "p5", {"cluster.kubernetesVersion": "1.20"}, SECRETS,
      "cluster.kubernetesVersion", "add-on versions are pinned"),
     ("system-nodes-out-of-order", "p5",
      {"cluster.systemNodes": {"minSize": 2, "desiredSize": 1, "maxSize": 3}}, SECRETS,
      "cluster.systemNodes.minSize/desiredSize/maxSize", "minSize <= desiredSize <= maxSize"),
+    ("system-instance-type-malformed", "p5", {"cluster.systemInstanceType": "m6i-2xlarge"}, SECRETS,
+     "cluster.systemInstanceType", "give an EC2 instance type"),
     ("public-access-cidr-malformed", "p5", {"cluster.publicAccessCidrs": ["0.0.0.0/0", "office"]}, SECRETS,
      "cluster.publicAccessCidrs", "give IPv4 CIDRs"),
     # GPU nodes (EC2 reservations and capacity blocks: docs/design.md#gpu-nodes-and-efa)
@@ -88,7 +117,12 @@ CASES = [
     ("gpu-az-not-listed", "p5", {"gpuNodes.availabilityZone": "us-west-2d"}, SECRETS,
      "gpuNodes.availabilityZone", "use the reservation's AZ"),
     ("reservation-id-malformed", "p4de", {"gpuNodes.capacityReservationId": "cr-xyz"}, SECRETS,
-     "gpuNodes.capacityReservationId", "cr- followed by hex digits"),
+     "gpuNodes.capacityReservationId", "cr- followed by 17 hex digits"),
+    # capacity reservations came after EC2's switch to 17-digit ids: never 8 (docs/design.md)
+    ("reservation-id-8-hex", "p4de", {"gpuNodes.capacityReservationId": "cr-0123abcd"}, SECRETS,
+     "gpuNodes.capacityReservationId", "cr- followed by 17 hex digits"),
+    ("reservation-id-upper-case", "p4de", {"gpuNodes.capacityReservationId": "cr-0123456789ABCDEF0"}, SECRETS,
+     "gpuNodes.capacityReservationId", "cr- followed by 17 hex digits"),
     ("reservation-only-profile-without-reservation", "p4de", {"gpuNodes.capacityReservationId": DROP}, SECRETS,
      "gpuNodes.capacityReservationId", "p4de.24xlarge is only sold through capacity reservations"),
     ("capacity-block-without-reservation", "p5", {"gpuNodes.capacityBlock": True}, SECRETS,
@@ -108,6 +142,10 @@ CASES = [
      "job.minNodes/maxNodes", "minNodes <= nodes (2) <= maxNodes"),
     ("max-nodes-below-nodes", "p5", {"job.maxNodes": 1}, SECRETS,
      "job.minNodes/maxNodes", "minNodes <= nodes (2) <= maxNodes"),
+    ("min-nodes-zero", "p5", {"job.minNodes": 0}, SECRETS,
+     "job.minNodes/maxNodes", "need 1 <= minNodes <= nodes (2) <= maxNodes"),
+    ("max-nodes-zero", "p5", {"job.maxNodes": 0}, SECRETS,
+     "job.minNodes/maxNodes", "need 1 <= minNodes <= nodes (2) <= maxNodes"),
     ("max-nodes-beyond-the-node-group", "p5", {"job.maxNodes": 3}, SECRETS,
      "job.maxNodes", "at most gpuNodes.maxSize (2)"),
     ("nodes-beyond-desired", "p5", {"job.nodes": 3, "gpuNodes.maxSize": 4}, SECRETS,
@@ -151,6 +189,14 @@ CASES = [
      "gpuNodes.placementGroupName", "1-255 ASCII characters"),
     ("placement-group-name-not-ascii", "p4de", {"gpuNodes.placementGroupName": "grüppe"}, SECRETS,
      "gpuNodes.placementGroupName", "1-255 ASCII characters"),
+    # names: Kubernetes' own namespaces (Kubernetes docs, "Namespaces") and the monitoring stack's
+    ("job-namespace-of-kubernetes", "p5", {"job.namespace": "kube-system"}, SECRETS,
+     "job.namespace", "not one that Kubernetes or the monitoring stack owns"),
+    ("job-namespace-of-monitoring", "p5", {"job.namespace": "monitoring"}, SECRETS,
+     "job.namespace", "not one that Kubernetes or the monitoring stack owns"),
+    # the region (the harness takes it from the GPU AZ, as the stack files set aws:region)
+    ("region-without-known-registry", "p5", {"gpuNodes.availabilityZone": "xx-moon-1a"}, SECRETS,
+     "(aws:region)", "EKS add-on image registry is known"),
     # the memory-fit rule (components/planning/memory_fit.py; its estimate is tested in test_memory_fit.py)
     ("unknown-model-without-size", "p5", {"job.model": "mistralai/Mistral-7B-v0.1"}, SECRETS,
      "job.modelParameters", "not in the GPU-memory fit check's table"),
@@ -179,12 +225,12 @@ def test_each_rule_names_the_key_and_the_reason(stack, changes, secrets, key, re
 ACCEPTED = [
     ("vpc-cidr-/20", "p5", {"network.vpcCidr": "10.0.0.0/20"}),
     ("two-azs", "p5", {"network.availabilityZones": ["us-west-2b", "us-west-2c"]}),
-    ("existing-vpc-with-subnets", "p5", {"network": {"existingVpcId": "vpc-0123",
-                                                     "existingPrivateSubnetIds": ["subnet-a"],
-                                                     "existingGpuSubnetIds": ["subnet-b"]}}),
+    ("existing-vpc-with-subnets", "p5", {"network": EXISTING_VPC}),
+    ("existing-vpc-of-8-hex-digits", "p5", {"network": {**EXISTING_VPC, "existingVpcId": "vpc-a01106c2",
+                                                        "existingPublicSubnetIds": ["subnet-9d4a7b6c"]}}),
+    ("system-instance-type-with-options", "p5", {"cluster.systemInstanceType": "c7i-flex.2xlarge"}),
     ("public-access-cidrs", "p5", {"cluster.publicAccessCidrs": ["203.0.113.0/24"]}),
     ("gpu-min-equals-desired-equals-max", "p5", {"gpuNodes.minSize": 2}),
-    ("reservation-id-8-hex", "p4de", {"gpuNodes.capacityReservationId": "cr-0123abcd"}),
     ("reservation-id-17-hex", "p4de", {"gpuNodes.capacityReservationId": "cr-0123456789abcdef0"}),
     ("capacity-block-with-reservation", "p5", {"gpuNodes.capacityBlock": True,
                                                 "gpuNodes.capacityReservationId": "cr-0abc1234def567890"}),
@@ -202,6 +248,8 @@ ACCEPTED = [
     ("retention-compound", "p5", {"observability.prometheusRetention": "1w3d"}),
     ("prometheus-volume-10", "p5", {"observability.prometheusStorageGiB": 10}),
     ("observability-off-without-password", "p5", {"observability.enabled": False}),
+    ("job-namespace-monitoring-without-monitoring", "p5", {"job.namespace": "monitoring",
+                                                            "observability.enabled": False}),
     ("fsx-2400", "p5", {"storage.fsxStorageCapacityGiB": 2400}),
     ("fsx-4800", "p5", {"storage.fsxStorageCapacityGiB": 4800}),
     ("fsx-throughput-1000", "p5", {"storage.fsxThroughputPerTiB": 1000}),

@@ -21,12 +21,13 @@ Resume (``Checkpointer.resume``) takes the newest complete checkpoint, compares 
 wrote it (its RUN.json) with this one before reading any shard (a changed data order is refused
 there, training/run_record.py), verifies it (every file of the manifest present with its size
 and CRC32; the work is split over the ranks, so each rank reads about 1/world of the checkpoint
-once), and loads it. A checkpoint that fails, or whose DCP load fails without a manifest to
-vouch for it, is moved aside as ``damaged.*`` with a warning naming what is wrong, and the next
-older complete one is tried: a run never starts from step 0 while a sound checkpoint exists. A
-checkpoint that verifies but does not load is not damaged: the model or config differs from the
-run that wrote it, which is the user's to fix (an error, nothing moved). Every decision is taken
-from collectives, so it is the same on all ranks.
+once), and loads it. A checkpoint that fails, whose RUN.json is there but is not a run
+record, or whose DCP load fails without a manifest to vouch for it, is moved aside as
+``damaged.*`` with a warning naming what is wrong, and the next older complete one is tried:
+a run never starts from step 0 while a sound checkpoint exists. A checkpoint that verifies but
+does not load is not damaged: the model or config differs from the run that wrote it, which is
+the user's to fix (an error, nothing moved); so is a file or directory of the checkpoint this
+process may not read (permissions: an error naming it, nothing moved). Every decision is taken from collectives, so it is the same on all ranks.
 
 Checksum: CRC32 (zlib, in the standard library; 2.8 GiB/s on one core of this repository's CI
 machine against 0.58 GiB/s for SHA-256; it releases the GIL, so hashing in the background
@@ -40,15 +41,18 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 import os
 import random
 import shutil
+import stat
 import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -63,9 +67,10 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from training.dist import DistEnv
 from training.errors import UserError
-from training.run_record import compare
+from training.run_record import compare, record_problem
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STEP_PREFIX = "step_"
 TMP_SUFFIX = ".tmp"
@@ -141,22 +146,48 @@ def step_dir_name(step: int) -> str:
     return f"{STEP_PREFIX}{step:08d}"
 
 
-def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint under root, oldest first."""
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file; PermissionError where this process may not look
+    (``Path.is_file`` answers False there from Python 3.13 on, as if it were missing)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def _unreadable(e: PermissionError) -> str:
+    """The refusal for a checkpoint file this process may not read: the checkpoint is not
+    damaged (nothing is set aside), its permissions are the user's to fix."""
+    return (f"--checkpoint-dir: this process (uid {os.geteuid()}) cannot read {e.filename} "
+            f"({e.strerror}); make the checkpoint directory readable by the job's user "
+            "(chmod -R u+rX, or chown -R), or give another --checkpoint-dir")
+
+
+def _step_dirs(root: Path) -> list[tuple[int, Path, bool]]:
+    """(step, path, complete) of every ``step_<n>`` entry under root, oldest first; complete:
+    it has its COMPLETE marker."""
     found = []
     if root.is_dir():
         for path in root.iterdir():
             name = path.name
-            if (name.startswith(STEP_PREFIX) and name[len(STEP_PREFIX):].isdigit()
-                    and (path / COMPLETE_MARKER).is_file()):
-                found.append((int(name[len(STEP_PREFIX):]), path))
+            if name.startswith(STEP_PREFIX) and name[len(STEP_PREFIX):].isdigit():
+                found.append((int(name[len(STEP_PREFIX):]), path,
+                              _is_file(path / COMPLETE_MARKER)))
     return sorted(found)
 
 
+def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint under root, oldest first."""
+    return [(step, path) for step, path, complete in _step_dirs(root) if complete]
+
+
 def read_marker(path: Path) -> tuple[dict | None, str | None]:
-    """(the checkpoint's COMPLETE marker, None) or (None, what is wrong with it)."""
+    """(the checkpoint's COMPLETE marker, None) or (None, what is wrong with it); a marker
+    this process may not read raises PermissionError (not damage)."""
     try:
         marker = json.loads((path / COMPLETE_MARKER).read_text())
+    except PermissionError:
+        raise
     except (OSError, ValueError) as e:
         return None, f"{COMPLETE_MARKER} is unreadable ({e})"
     if not isinstance(marker, dict):
@@ -168,14 +199,15 @@ def best_checkpoint(root: Path) -> tuple[int, Path, float] | None:
     """(step, path, validation loss) of the complete checkpoint with the lowest validation loss
     recorded in its marker (the newest among equals); None if none records one. A marker that
     cannot be read records none (resume sets such checkpoints aside; this only skips one that
-    was damaged since)."""
+    was damaged since), nor does a loss that is not a finite number (a diverged evaluation's
+    NaN is no minimum: it compares false with everything)."""
     scored = []
     for step, path in complete_checkpoints(root):
         marker, problem = read_marker(path)
         if problem is not None:
             log.warning("checkpoint %s: %s; not a candidate for --keep-best", path, problem)
         loss = (marker or {}).get(EVAL_LOSS_KEY)
-        if loss is not None:
+        if isinstance(loss, (int, float)) and math.isfinite(loss):
             scored.append((loss, -step, path))
     if not scored:
         return None
@@ -221,9 +253,10 @@ def manifest_entries(files: list[Path]) -> dict[str, dict]:
 
 
 def check_file(directory: Path, name: str, expected: dict) -> str | None:
-    """What is wrong with one file of a checkpoint, or None."""
+    """What is wrong with one file of a checkpoint, or None; PermissionError where this process
+    may not read it."""
     path = directory / name
-    if not path.is_file():
+    if not _is_file(path):
         return f"{name} is missing"
     size = path.stat().st_size
     if size != expected["bytes"]:
@@ -243,6 +276,8 @@ def read_manifest(path: Path) -> tuple[dict | None, str | None]:
         return None, None
     try:
         raw = (path / MANIFEST).read_bytes()
+    except PermissionError:
+        raise
     except OSError:
         return None, f"{MANIFEST} is missing"
     if zlib.crc32(raw) != marker["manifest_crc32"]:
@@ -300,25 +335,25 @@ class Checkpointer:
     # ------------------------------------------------------------------------- resume
     def resume(self, model, optimizer, trainer: TrainerState) -> Path | None:
         """Load the newest sound checkpoint; set damaged ones aside. None: start from step 0."""
-        found = [complete_checkpoints(self.root) if self.env.is_main else None]
-        dist.broadcast_object_list(found, src=0)
+        listed = self._on_main(lambda: _step_dirs(self.root))
+        found = [(step, path) for step, path, complete in listed if complete]
+        for step, path, complete in listed:
+            if not complete and step > max((s for s, _ in found), default=-1):
+                log.warning("%s has no %s marker (a copy or a deletion that did not finish): "
+                            "not a checkpoint, not resumed", path, COMPLETE_MARKER)
+        if not found:
+            log.info("no complete checkpoint in %s: starting from step 0", self.root)
         damaged: list[str] = []
-        for step, path in reversed(found[0]):
-            self._refuse_another_run(step, path)
-            problems = self.verify(path)
-            if problems is None:  # verified
-                self._load_verified(path, model, optimizer, trainer)
-            elif not problems:  # no manifest (written before manifests): DCP's load is the check
-                log.warning("checkpoint %s has no %s (an older version wrote it): loading it "
-                            "unverified", path, MANIFEST)
-                problems = self._try_load(path, model, optimizer, trainer)
+        for step, path in reversed(found):
+            problems = (self._compare_runs(step, path)
+                        or self._verify_and_load(path, model, optimizer, trainer))
             if not problems:
                 if damaged:
                     log.warning("resumed from step %d (%s) instead of the damaged checkpoint(s) "
                                 "%s", step, path, "; ".join(damaged))
-                self._set_aside_unreadable([p for s, p in found[0] if s < step])
+                self._set_aside_unreadable([p for s, p in found if s < step])
                 return path
-            older = [s for s, _ in found[0] if s < step]
+            older = [s for s, _ in found if s < step]
             aside = self._set_aside(path)
             damaged.append(f"step {step} ({', '.join(problems)})")
             log.warning("checkpoint %s is damaged: %s. Set aside as %s for inspection; %s",
@@ -327,74 +362,110 @@ class Checkpointer:
                         "no older complete checkpoint: starting from step 0")
         return None
 
-    def _refuse_another_run(self, step: int, path: Path) -> None:
+    def _verify_and_load(self, path: Path, model, optimizer, trainer: TrainerState) -> list[str]:
+        """Verify the checkpoint and load it; [] when loaded, else what is damaged."""
+        problems = self.verify(path)
+        if problems is None:  # verified
+            self._load_verified(path, model, optimizer, trainer)
+            return []
+        if not problems:  # no manifest (written before manifests): DCP's load is the check
+            log.warning("checkpoint %s has no %s (an older version wrote it): loading it "
+                        "unverified", path, MANIFEST)
+            return self._try_load(path, model, optimizer, trainer)
+        return problems
+
+    def _compare_runs(self, step: int, path: Path) -> list[str]:
         """Compare the run that wrote ``path`` with this one (training/run_record.py): refuse
         a changed data order, warn of the other changes. Before the verification and the
-        load, which read all of its shards (100+ GB on a large model), for a refusal."""
+        load, which read all of its shards (100+ GB on a large model), for a refusal. Returns
+        [what is damaged] for a RUN.json that cannot be read, else []."""
         if self.run_record is None:
-            return
-        old = self.run_record_of(path)
+            return []
+        old, problem = self.run_record_of(path)
+        if problem is not None:
+            return [problem]
         if old is None:
             log.warning("checkpoint %s has no %s (an older version wrote it): what this run "
                         "changes against it is not checked", path, RUN_RECORD)
-            return
+            return []
         refused, warnings = compare(old, self.run_record, step)
         if refused:
             raise UserError(f"--checkpoint-dir {self.root}: cannot resume {path.name}: "
                             + "; ".join(refused))
         for warning in warnings:
             log.warning("resuming %s: %s", path.name, warning)
+        return []
 
     def _set_aside_unreadable(self, older: list[Path]) -> None:
         """Set aside the older checkpoints whose marker or manifest cannot be read (what
         pruning and --keep-best read of them), with a warning: they could never be resumed.
         Their shards are verified only if one is resumed or exported."""
-        found = [[(path, problem) for path in older
-                  if (problem := read_manifest(path)[1]) is not None]
-                 if self.env.is_main else None]
-        dist.broadcast_object_list(found, src=0)
-        for path, problem in found[0]:
+        found = self._on_main(lambda: [(path, problem) for path in older
+                                       if (problem := read_manifest(path)[1]) is not None])
+        for path, problem in found:
             log.warning("older checkpoint %s is damaged: %s. Set aside as %s for inspection",
                         path, problem, self._set_aside(path))
 
     def verify(self, path: Path) -> list[str] | None:
         """Problems of a checkpoint (same list on every rank); None when verified sound, []
         when it has no manifest to verify against. Each rank checks every world-th file."""
-        manifest, problem = read_manifest(path) if self.env.is_main else (None, None)
-        shared = [(manifest, problem)]
-        dist.broadcast_object_list(shared, src=0)
-        manifest, problem = shared[0]
+        manifest, problem = self._on_main(lambda: read_manifest(path))
         if problem is not None:
             return [problem]
         if manifest is None:
             return []
         names = sorted(manifest)
-        mine = [p for name in names[self.env.rank::self.env.world_size]
-                if (p := check_file(path, name, manifest[name])) is not None]
+        refusal = None
+        try:
+            mine = [p for name in names[self.env.rank::self.env.world_size]
+                    if (p := check_file(path, name, manifest[name])) is not None]
+        except PermissionError as e:
+            mine, refusal = [], _unreadable(e)
         everyone: list = [None] * self.env.world_size
-        dist.all_gather_object(everyone, mine)
-        problems = sorted(p for ps in everyone for p in ps)
+        dist.all_gather_object(everyone, (mine, refusal))
+        refusals = sorted(r for _, r in everyone if r is not None)
+        if refusals:
+            raise UserError(refusals[0])
+        problems = sorted(p for ps, _ in everyone for p in ps)
         return problems or None
 
-    def run_record_of(self, path: Path) -> dict | None:
-        """The RUN.json of a checkpoint as rank 0 reads it (None if it has none or it cannot
-        be read: a checkpoint of an older version); the same on every rank."""
-        record: list = [None]
+    def run_record_of(self, path: Path) -> tuple[dict | None, str | None]:
+        """(the RUN.json of a checkpoint, None) as rank 0 reads it; (None, None) if it has none
+        (a checkpoint of an older version); (None, what is wrong) if it cannot be read as a
+        run record. The same on every rank."""
+        def read() -> tuple[dict | None, str | None]:
+            try:
+                record = json.loads((path / RUN_RECORD).read_text())
+            except FileNotFoundError:
+                return None, None
+            except PermissionError:
+                raise
+            except (OSError, ValueError) as e:
+                return None, f"{RUN_RECORD} is unreadable ({e})"
+            problem = record_problem(record)
+            return (None, f"{RUN_RECORD} {problem}") if problem else (record, None)
+
+        return self._on_main(read)
+
+    def _on_main(self, read: Callable[[], T]) -> T:
+        """``read()`` on rank 0, its result on every rank; a file there that this process may
+        not read is the same UserError on every rank (`_unreadable`)."""
+        shared: list = [None, None]
         if self.env.is_main:
             try:
-                record[0] = json.loads((path / RUN_RECORD).read_text())
-            except (OSError, ValueError):
-                pass
-        dist.broadcast_object_list(record, src=0)
-        return record[0]
+                shared[0] = read()
+            except PermissionError as e:
+                shared[1] = _unreadable(e)
+        dist.broadcast_object_list(shared, src=0)
+        if shared[1] is not None:
+            raise UserError(shared[1])
+        return shared[0]
 
     def best(self) -> tuple[int, Path, float] | None:
         """`best_checkpoint` as rank 0 sees it, once any pending save is complete (all ranks
         get the same answer)."""
         self.wait()
-        choice = [best_checkpoint(self.root) if self.env.is_main else None]
-        dist.broadcast_object_list(choice, src=0)
-        return choice[0]
+        return self._on_main(lambda: best_checkpoint(self.root))
 
     def load_model(self, path: Path, model) -> list[str]:
         """Only the model's weights of a checkpoint (the best one, to export it), after

@@ -50,6 +50,7 @@ order, also with another world size.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import logging
@@ -87,6 +88,10 @@ FORMAT_FIELDS = {
 """The fields each format needs, in auto-detection order (alpaca datasets such as
 tatsu-lab/alpaca also carry a rendered `text`: the structured fields win)."""
 
+LITERAL_BRACES = " (a literal brace in the template is written {{ or }})"
+"""What a template with JSON or code in it needs: str.format reads every single brace as a
+field."""
+
 Segments = list[tuple[str, bool]]
 """A rendered record: (text, trained) pieces in order."""
 
@@ -111,9 +116,14 @@ def _json_error(path: Path, e: json.JSONDecodeError, line: int | None = None) ->
                      f"(column {e.colno})")
 
 
+def _suffix(path: Path) -> str:
+    """A file's type, as LOCAL_SUFFIXES names it (TRAIN.JSONL is JSON lines too)."""
+    return path.suffix.lower()
+
+
 def _read_local(path: Path) -> Table:
     name = f"--dataset {path}"
-    if path.suffix == ".parquet":
+    if _suffix(path) == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -121,11 +131,19 @@ def _read_local(path: Path) -> Table:
             return Table(name, pq.read_table(path).to_pylist())
         except (pa.ArrowException, OSError) as e:
             raise UserError(f"{name}: not a readable parquet file: {e}") from None
-    try:  # utf-8-sig: with or without the byte-order mark editors and spreadsheet exports write
-        text = path.read_text(encoding="utf-8-sig")
+    raw = path.read_bytes()
+    # utf-8-sig: with or without the byte-order mark editors and spreadsheet exports write;
+    # UTF-16 with its mark: what Windows PowerShell 5's `>` and Notepad's "Unicode" write
+    utf16 = raw[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+    try:
+        text = raw.decode("utf-16" if utf16 else "utf-8-sig")
     except UnicodeDecodeError as e:
-        raise UserError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    if path.suffix == ".json" and text.lstrip().startswith("["):
+        line = e.object[:e.start].count(b"\n") + 1
+        raise UserError(f"{name}: line {line} is not {'UTF-16' if utf16 else 'UTF-8'} text "
+                        f"({e.reason} at byte {e.start}); convert the file to UTF-8 (e.g. iconv "
+                        "-f latin1 -t utf-8)") from None
+    document = text.lstrip()[:1]
+    if _suffix(path) == ".json" and document == "[":
         try:
             records = json.loads(text)
         except json.JSONDecodeError as e:
@@ -136,6 +154,32 @@ def _read_local(path: Path) -> Table:
                 raise UserError(f"{table.where(i)}: is a JSON {type(record).__name__}, not an "
                                 "object")
         return table
+    if _suffix(path) == ".json" and document == "{":
+        record = _one_object(path, text)
+        if record is not None:
+            return Table(name, [record])
+    return _json_lines(path, text)
+
+
+def _one_object(path: Path, text: str) -> dict | None:
+    """The record of a .json file that is one JSON object (one record, on one line or
+    indented over many); None where the text is JSON lines (more than one value). An object
+    with a syntax error, whose first line is not JSON on its own, is that error."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        if e.msg == "Extra data":
+            return None
+        try:
+            json.loads(next(line for line in text.splitlines() if line.strip()))
+        except json.JSONDecodeError:
+            raise _json_error(path, e) from None
+        return None
+
+
+def _json_lines(path: Path, text: str) -> Table:
+    """One JSON object per line; blank lines skipped."""
+    name = f"--dataset {path}"
     records, lines = [], []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -159,11 +203,11 @@ def check_local_dataset(cfg: DataConfig) -> Path | None:
     path = Path(name).expanduser()
     if path.is_dir():
         return path
-    if path.suffix in LOCAL_SUFFIXES or hub.looks_local(name):
+    if _suffix(path) in LOCAL_SUFFIXES or hub.looks_local(name) or path.exists():
         if not path.is_file():
             raise UserError(f"--dataset {name}: no such file; pass a .json/.jsonl/.parquet "
                             "file, a dataset directory or a Hugging Face dataset name")
-        if path.suffix not in LOCAL_SUFFIXES:
+        if _suffix(path) not in LOCAL_SUFFIXES:
             raise UserError(f"--dataset {name}: unsupported file type; use .json, .jsonl or "
                             ".parquet")
         return path
@@ -184,7 +228,7 @@ def _load_dataset_dict(name: str, source: str, split: str,
     """A Hub dataset (or a local directory laid out like one) through `datasets.load_dataset`:
     every split, so that its validation split is found."""
     import datasets
-    from datasets.exceptions import DatasetNotFoundError
+    from datasets.exceptions import DatasetGenerationError, DatasetNotFoundError
 
     token = hub.hf_token()
     try:
@@ -195,9 +239,37 @@ def _load_dataset_dict(name: str, source: str, split: str,
                         "no such local file") from None
     except ConnectionError as e:
         raise UserError(f"--dataset {name}: cannot download it: {e}") from None
-    except ValueError as e:  # e.g. no data files in a directory
-        raise UserError(f"--dataset {name}: {e}") from None
+    except FileNotFoundError as e:  # a directory without data files
+        raise UserError(f"--dataset {name}: {e}; a dataset directory holds data files such as "
+                        "train.jsonl (and validation.jsonl) or data/train-*.parquet") from None
+    except (DatasetGenerationError, ValueError) as e:  # a file that does not parse, a split
+        raise _data_file_error(name, Path(source), cache_dir, e) from None  # no records, ...
     return split_tables(name, dict(splits.items()), split)
+
+
+def _data_file_error(name: str, directory: Path, cache_dir: str | None,
+                     e: Exception) -> UserError:
+    """What `datasets` could not load in a dataset directory: the first of its
+    .json/.jsonl/.parquet files that our own reader refuses (its file and line) or that holds
+    no records; else what `datasets` said (for a directory whose files all read: about the
+    copy it prepared in its cache)."""
+    cause = e.__cause__ or e
+    said = f"{type(cause).__name__}: {str(cause).splitlines()[0]}"
+    if not directory.is_dir():
+        return UserError(f"--dataset {name}: {said}")
+    for path in sorted(directory.rglob("*")):
+        hidden = any(part.startswith(".") for part in path.relative_to(directory).parts)
+        if _suffix(path) in LOCAL_SUFFIXES and not hidden and not _read_local(path).records:
+            return UserError(f"--dataset {name}: {path.relative_to(directory)} holds no records")
+    import datasets
+
+    try:
+        cache = datasets.load_dataset_builder(str(directory), cache_dir=cache_dir).cache_dir
+    except Exception:  # noqa: BLE001 (only the hint's path is lost)
+        cache = "its folder in the datasets cache"
+    return UserError(f"--dataset {name}: {said}; its files read, so the copy `datasets` "
+                     f"prepared from them may be damaged: delete {cache} to have it prepared "
+                     "again")
 
 
 def split_tables(name: str, splits: dict, split: str) -> tuple[Table, Table | None]:
@@ -245,10 +317,15 @@ def detect_format(table: Table) -> str:
     for fmt, needed in FORMAT_FIELDS.items():
         if all(first.get(f) is not None for f in needed):
             return fmt
+    nested = [k for k, v in first.items()
+              if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
+    wrapped = (f"; its field '{nested[0]}' holds a list of {len(first[nested[0]])} objects: if "
+               "those are the records, give them as a JSON array or one per line (JSON lines)"
+               if nested else "")
     raise UserError(
         f"{table.where(0)}: its fields ({', '.join(sorted(first)) or 'none'}) match no known "
-        "format (messages; instruction/output; prompt/completion; text); pass --prompt-field "
-        "and --response-field (with --prompt-template) to map your fields")
+        f"format (messages; instruction/output; prompt/completion; text){wrapped}; pass "
+        "--prompt-field and --response-field (with --prompt-template) to map your fields")
 
 
 def _field(record: dict, name: str, where: str, fmt: str, *, optional: bool = False) -> str:
@@ -316,9 +393,11 @@ def render(record: dict, fmt: str, cfg: DataConfig, where: str) -> Segments | li
             prompt = cfg.prompt_template.format_map(record)
         except KeyError as e:
             raise UserError(f"{where}: --prompt-template names {{{e.args[0]}}}, which the "
-                            f"record lacks; it has {', '.join(sorted(record))}") from None
+                            f"record lacks; it has {', '.join(sorted(record))}{LITERAL_BRACES}"
+                            ) from None
         except (IndexError, AttributeError, TypeError, ValueError) as e:
-            raise UserError(f"{where}: --prompt-template cannot render it: {e}") from None
+            raise UserError(f"{where}: --prompt-template cannot render it: {e}{LITERAL_BRACES}"
+                            ) from None
     return [(prompt, False), (response, True)]
 
 

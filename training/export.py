@@ -6,7 +6,9 @@ MAX_SHARD_BYTES accumulate: peak extra memory is one full tensor per GPU and one
 on rank 0's host, never the whole model. The result (config.json, model-0000i-of-0000n.safetensors + index, the
 tokenizer) loads with `AutoModelForCausalLM.from_pretrained`. Rank 0 writes into a temporary
 directory and renames it into place, so a crash never leaves a half-written export at
---output-dir.
+--output-dir. The previous content of --output-dir is deleted then, so the run refuses at its
+start a directory that is not a previous export (`replace_problem`) or that holds its
+checkpoints or metrics file (finetune._check_paths).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from training.dist import DistEnv
-from training.model import canonical_name
+from training.model import WEIGHT_FILE, WEIGHT_INDEX, canonical_name
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ class Shards:
         if self.pending or not self.files:
             self._flush()
         n = len(self.files)
-        names = (["model.safetensors"] if n == 1
+        names = ([WEIGHT_FILE] if n == 1
                  else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
         weight_map = {}
         for i, (fname, keys) in enumerate(zip(names, self.files)):
@@ -75,8 +77,23 @@ class Shards:
         if n > 1:
             index = {"metadata": {"total_size": self.total_bytes},
                      "weight_map": dict(sorted(weight_map.items()))}
-            (self.directory / "model.safetensors.index.json").write_text(
+            (self.directory / WEIGHT_INDEX).write_text(
                 json.dumps(index, indent=2))
+
+
+def replace_problem(out: Path) -> str | None:
+    """Why the export may not replace an existing directory ``out`` (it renames it aside and
+    deletes it), or None: anything but a previous export, whose files (config.json and the
+    weights among them, no subdirectory) it writes again."""
+    if not out.is_dir():
+        return None
+    entries = sorted(p.name for p in out.iterdir())
+    names = set(entries)
+    if not entries or ("config.json" in names and names & {WEIGHT_FILE, WEIGHT_INDEX}
+                       and all((out / e).is_file() for e in entries)):
+        return None
+    shown = ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
+    return f"exists and is not a model export (it holds {shown})"
 
 
 def export_hf(model: nn.Module, tokenizer, output_dir: str, dtype: torch.dtype,

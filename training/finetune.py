@@ -43,7 +43,7 @@ from training.dist import (DistEnv, all_sum, batch_to_device, check_locked_memor
                            init_distributed)
 from training.errors import OOM_ADVICE, UserError
 from training.evaluation import Evaluator
-from training.export import export_hf
+from training.export import export_hf, replace_problem
 from training.faults import Faults
 from training.logs import setup_logging
 from training.loss import install_loss_forward
@@ -66,6 +66,7 @@ from training.parallel import (
     compute_dtype,
     parallelize,
 )
+from training.prometheus import check_port
 from training.reporting import MetricsLogger
 from training.run_record import data_fingerprint, run_record
 
@@ -92,13 +93,29 @@ def _unwritable(directory: Path) -> str | None:
     return None
 
 
+def _unappendable(path: Path) -> str | None:
+    """Why this process cannot append to the existing file ``path`` (a metrics file a
+    previous run of another user wrote, or made read-only), or None; opened for appending and
+    closed, which changes nothing."""
+    if not path.is_file():
+        return None
+    try:
+        with path.open("a"):
+            pass
+    except OSError as e:
+        return f"this process (uid {os.geteuid()}) cannot append to it ({e.strerror})"
+    return None
+
+
 def _check_paths(cfg: JobConfig) -> None:
     """Refuse output paths that cannot be used, before any data is read or model built: an
-    existing file (or a file among the parents) where a directory must go, a directory where
-    the metrics file must go, a directory this process cannot write in, and --keep-best without
-    checkpoints to choose from."""
+    existing file (or a file among the parents) where a directory must go (also --cache-dir),
+    a directory where the metrics file must go, a directory this process cannot write in, a
+    metrics file it cannot append to, what the export would delete (`_check_export_target`),
+    and --keep-best without checkpoints to choose from."""
     c = cfg.checkpoint
-    for name, value in (("checkpoint_dir", c.checkpoint_dir), ("output_dir", c.output_dir)):
+    for name, value in (("checkpoint_dir", c.checkpoint_dir), ("output_dir", c.output_dir),
+                        ("cache_dir", cfg.model.cache_dir)):
         if value is None:
             continue
         path = Path(value).expanduser()
@@ -107,6 +124,8 @@ def _check_paths(cfg: JobConfig) -> None:
             what = "" if blocking == path else f": {blocking} is a file"
             raise UserError(f"{flag(name)} {value}: exists and is not a directory{what}; give "
                             "a directory path (it is created if missing)")
+        if name == "cache_dir":  # a read-only cache filled beforehand serves an offline run;
+            continue  # what cannot be written into it is named where it is written (hub)
         # Every rank writes its checkpoint shards into the directory; the export is written
         # beside --output-dir and renamed into place.
         why = _unwritable(path if name == "checkpoint_dir" else path.parent)
@@ -114,19 +133,41 @@ def _check_paths(cfg: JobConfig) -> None:
             raise UserError(f"{flag(name)} {value}: {why}; give a directory the job's user can "
                             "write (e.g. on the shared /fsx volume) or make this one writable")
     metrics = cfg.metrics.metrics_file
+    _check_export_target(c.output_dir, {"--checkpoint-dir": c.checkpoint_dir,
+                                        "--metrics-file": metrics})
     if metrics is not None and Path(metrics).expanduser().is_dir():
         raise UserError(f"--metrics-file {metrics}: is a directory; give a file path")
     blocking = None if metrics is None else _file_in_the_way(Path(metrics).expanduser().parents)
     if blocking is not None:
         raise UserError(f"--metrics-file {metrics}: {blocking} is a file, not a directory; give "
                         "a file path whose directories can be created")
-    why = None if metrics is None else _unwritable(Path(metrics).expanduser().parent)
+    why = None if metrics is None else (_unwritable(Path(metrics).expanduser().parent)
+                                        or _unappendable(Path(metrics).expanduser()))
     if why is not None:
         raise UserError(f"--metrics-file {metrics}: {why}; give a file path the job's user can "
                         "write")
     if c.keep_best and c.checkpoint_dir is None:
         raise UserError("--keep-best: needs --checkpoint-dir (the best checkpoint is kept there "
                         "and exported at the end)")
+
+
+def _check_export_target(output_dir: str | None, others: dict[str, str | None]) -> None:
+    """The export replaces --output-dir as a whole (renamed aside, then deleted): refuse one
+    that holds the checkpoints or the metrics file, or anything but a previous export."""
+    if output_dir is None:
+        return
+    out = Path(output_dir).expanduser().resolve()
+    for name, value in others.items():
+        inner = None if value is None else Path(value).expanduser().resolve()
+        if inner is not None and (inner == out or out in inner.parents):
+            raise UserError(f"{name} {value}: is inside --output-dir {output_dir}, which the "
+                            "export replaces as a whole, deleting it; put it beside the output "
+                            f"directory (e.g. {out.parent / inner.name})")
+    problem = replace_problem(out)
+    if problem is not None:
+        raise UserError(f"--output-dir {output_dir}: {problem}; the export replaces the "
+                        "directory as a whole, deleting what it holds: give a new or empty "
+                        "directory, or a previous export")
 
 
 def _own_checkpoint_dir(cfg: JobConfig, env: DistEnv) -> None:
@@ -406,6 +447,8 @@ def run(cfg: JobConfig, env: DistEnv, faults: Faults | None = None) -> dict:
     from transformers import AutoTokenizer
 
     _check_paths(cfg)
+    if cfg.metrics.metrics_port:  # served by each node's local rank 0 from the first step on
+        hub.on_node_leader_first(env, lambda: check_port(cfg.metrics.metrics_port))
     _own_checkpoint_dir(cfg, env)  # before the node check writes its probe into it
     node_check = check_job(cfg, env)  # the nodes and the fabric, before any download
     check_precision(cfg.model.precision, env.device)

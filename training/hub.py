@@ -18,6 +18,7 @@ from training import tiny
 from training.config import TINY_MODEL
 from training.dist import DistEnv
 from training.errors import UserError
+from training.model import model_dir_problem
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,14 @@ def _download(repo_id: str, cache_dir: str | None) -> str:
                         "pre-fetch it and pass a local directory.") from None
     except HfHubHTTPError as e:
         raise UserError(f"--model {repo_id}: download failed: {e}") from None
+    except OSError as e:  # after the hub's errors, some of which are OSErrors
+        raise _cache_error(cache_dir, e) from None
+
+
+def _cache_error(cache_dir: str | None, e: OSError) -> UserError:
+    """A model that cannot be written into the cache (permissions, a full or read-only disk)."""
+    return UserError(f"--cache-dir {cache_dir}: cannot write the model there ({e}); give a "
+                     "directory the job's user can write, with room for the model")
 
 
 def _local_model_dir(name: str) -> Path | None:
@@ -99,16 +108,41 @@ def _local_model_dir(name: str) -> Path | None:
     return path
 
 
-def fetch_model(name: str, cache_dir: str | None, seed: int, env: DistEnv) -> Path:
-    """Return a local directory with the model's config, safetensors and tokenizer."""
-    if name == TINY_MODEL:
-        target = tiny.directory(cache_dir, seed)
-        return Path(on_node_leader_first(env, lambda: str(tiny.materialize(target, seed))))
-    local = _local_model_dir(name)
-    if local is not None:
-        return local
-    path = Path(on_node_leader_first(env, lambda: _download(name, cache_dir)))
+def _checked(path: Path, name: str, remedy: str) -> str:
+    """``path`` once its files read (`model.model_dir_problem`); else the UserError naming
+    the file, what is wrong and ``remedy``."""
+    problem = model_dir_problem(path)
+    if problem is not None:
+        raise UserError(f"--model {name}: {path}: {problem}; {remedy}")
+    return str(path)
+
+
+def _downloaded(name: str, cache_dir: str | None) -> str:
+    path = Path(_download(name, cache_dir))
     if not list(path.glob("*.safetensors")):
         raise UserError(f"--model {name}: the repo has no *.safetensors weights; convert the "
                         "checkpoint to safetensors first")
-    return path
+    # snapshot_download reuses what its cache holds: a damaged file stays until removed
+    return _checked(path, name, f"delete {path.parents[1]} so that it is downloaded again")
+
+
+def fetch_model(name: str, cache_dir: str | None, seed: int, env: DistEnv) -> Path:
+    """Return a local directory with the model's config, safetensors and tokenizer, its files
+    checked by each node's first process (a damaged copy is one error on every rank, before
+    the data is tokenized)."""
+    if name == TINY_MODEL:
+        target = tiny.directory(cache_dir, seed)
+
+        def write_tiny() -> str:
+            try:
+                written = tiny.materialize(target, seed)
+            except OSError as e:
+                raise _cache_error(cache_dir, e) from None
+            return _checked(written, name, f"delete {target} so that the preset is written again")
+
+        return Path(on_node_leader_first(env, write_tiny))
+    local = _local_model_dir(name)
+    if local is not None:
+        return Path(on_node_leader_first(env, lambda: _checked(
+            local, name, "copy the model directory again from its source")))
+    return Path(on_node_leader_first(env, lambda: _downloaded(name, cache_dir)))

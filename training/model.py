@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
 """Name parts added by activation-checkpoint and compile wrappers; not part of a weight's name."""
+WEIGHT_FILE = "model.safetensors"
+"""Hugging Face's name for the weights of a model in one file."""
+WEIGHT_INDEX = "model.safetensors.index.json"
+"""Hugging Face's map of weight names to the safetensors files of a sharded model."""
 
 
 def canonical_name(name: str) -> str:
@@ -148,15 +152,60 @@ def _local_slices(tensor: torch.Tensor) -> tuple[slice, ...]:
     return tuple(slice(o, o + n) for o, n in zip(offsets, shape))
 
 
+def model_dir_problem(model_dir: Path) -> str | None:
+    """What makes a model directory unusable, or None: a JSON file (config, weight index,
+    tokenizer files) that does not parse, a config.json or tokenizer transformers cannot
+    load (the tokenizer files missing), an index
+    without its weight map, or a weight file it names that is missing or whose safetensors
+    header does not read (empty, or shorter than the header says: a truncated copy or
+    download). Only the headers are read, not the weights. No weights at all is
+    `_weight_files`' UserError."""
+    from safetensors import SafetensorError, safe_open
+    from transformers import AutoConfig, AutoTokenizer
+
+    for path in sorted(model_dir.glob("*.json")):
+        try:
+            json.loads(path.read_bytes())
+        except (OSError, ValueError) as e:
+            return f"{path.name} is not readable JSON ({e})"
+    try:
+        AutoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError, KeyError) as e:
+        return f"config.json is not a configuration transformers reads ({_one_line(e)})"
+    try:
+        AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError, KeyError) as e:
+        return f"its tokenizer does not load ({_one_line(e)})"
+    try:
+        files = _weight_files(model_dir)
+    except (AttributeError, KeyError, TypeError):
+        return f"{WEIGHT_INDEX} has no weight_map of weight names to files"
+    for path in files:
+        if not path.is_file():
+            return f"{path.name}, named in {WEIGHT_INDEX}, is missing"
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                f.keys()
+        except (SafetensorError, OSError) as e:
+            return f"{path.name} is not a readable safetensors file ({e})"
+    return None
+
+
+def _one_line(e: Exception, limit: int = 300) -> str:
+    """A library's multi-line message as one line of at most ``limit`` characters."""
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _weight_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
+    index = model_dir / WEIGHT_INDEX
     if index.exists():
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         return [model_dir / n for n in names]
-    single = model_dir / "model.safetensors"
+    single = model_dir / WEIGHT_FILE
     if single.exists():
         return [single]
-    raise UserError(f"--model: no model.safetensors or model.safetensors.index.json in "
+    raise UserError(f"--model: no {WEIGHT_FILE} or {WEIGHT_INDEX} in "
                     f"{model_dir}")
 
 

@@ -49,7 +49,11 @@ def _alive(pid: int) -> bool:
 
 
 def _owner_summary(owner: dict, age: float) -> str:
-    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(owner.get("started", 0)))
+    started = owner.get("started")
+    try:  # gmtime(None) would be now
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(started)))
+    except (TypeError, ValueError, OverflowError, OSError):  # absent or not a time
+        started = "at an unknown time"
     return (f"host {owner.get('host')}, pid {owner.get('pid')}, run id {owner.get('run_id')}, "
             f"started {started}, last heartbeat {age:.0f} s ago")
 
@@ -80,27 +84,41 @@ class DirectoryOwner:
         self._thread.start()
 
     def _take_over(self, text: str) -> None:
+        unreadable = None
         try:
             owner = json.loads(self.path.read_text())
             age = time.time() - self.path.stat().st_mtime
         except FileNotFoundError:  # released meanwhile
             owner, age = {}, float("inf")
-        except (OSError, ValueError):  # being written, or damaged: its age decides
-            owner, age = {}, _age(self.path)
+        except (OSError, ValueError) as e:  # being written, or damaged: its age decides
+            owner, age, unreadable = {}, _age(self.path), str(e)
+        if not isinstance(owner, dict):
+            owner, unreadable = {}, f"a JSON {type(owner).__name__}, not an owner record"
+        pid = owner.get("pid")
         same_job = self.me["run_id"] is not None and owner.get("run_id") == self.me["run_id"]
-        dead_here = owner.get("host") == self.me["host"] and not _alive(int(owner.get("pid", -1)))
+        dead_here = (owner.get("host") == self.me["host"] and isinstance(pid, int) and pid > 0
+                     and not _alive(pid))
         if not (same_job or dead_here or age > STALE_AFTER_S):
+            who = (f"another run owns it ({_owner_summary(owner, age)})" if unreadable is None
+                   else f"its {OWNER_FILE} cannot be read ({unreadable}) and was written "
+                   f"{age:.0f} s ago, so a run may be writing it")
             raise UserError(
-                f"--checkpoint-dir {self.path.parent}: another run owns it ({_owner_summary(owner, age)})"
-                "; two runs writing one directory overwrite each other's checkpoints. Wait for "
-                "it to end, stop it, or give this run another --checkpoint-dir (a killed run's "
-                f"claim lapses {STALE_AFTER_S:.0f} s after its last heartbeat)")
+                f"--checkpoint-dir {self.path.parent}: {who}; two runs writing one directory "
+                "overwrite each other's checkpoints. Wait for it to end, stop it, or give this "
+                "run another --checkpoint-dir (a killed run's claim lapses "
+                f"{STALE_AFTER_S:.0f} s after its last heartbeat; delete {self.path} if no run "
+                "uses the directory)")
         if owner and not same_job:
             log.warning("--checkpoint-dir %s: taking it over from a run that is gone (%s)",
                         self.path.parent, _owner_summary(owner, age))
         tmp = self.path.with_name(f".{OWNER_FILE}.{self.me['token']}")
         tmp.write_text(text)
-        os.replace(tmp, self.path)
+        try:
+            os.replace(tmp, self.path)
+        except OSError as e:  # e.g. a directory of that name
+            tmp.unlink()
+            raise UserError(f"--checkpoint-dir {self.path.parent}: cannot replace {OWNER_FILE} "
+                            f"({e.strerror}); delete {self.path}") from None
 
     def _ours(self) -> bool:
         try:

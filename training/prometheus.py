@@ -9,10 +9,12 @@ all-reduced), so a scrape of any node tells the job's state and
 from __future__ import annotations
 
 import logging
+import socket
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from training.errors import UserError
 from training.metric_names import (
     EVAL_LOSS,
     EVAL_PERPLEXITY,
@@ -32,6 +34,25 @@ from training.metric_names import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def _port_taken(port: int, e: OSError) -> str:
+    return (f"--metrics-port {port}: cannot serve on it on this node ({e.strerror}); another "
+            "process listens there: pick another port, or stop that process")
+
+
+def check_port(port: int) -> str:
+    """Refuse (UserError) a --metrics-port this node cannot listen on, at the job's start: the
+    server itself starts only with the first step (so that its gauges say nothing stale while
+    the model loads). Bound the way prometheus_client's server binds (all addresses, address
+    reuse) and closed again; "" where it can."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as e:
+            raise UserError(_port_taken(port, e)) from None
+    return ""
 
 
 class TrainingMetrics:
@@ -73,7 +94,10 @@ class TrainingMetrics:
                                    "node.", ["direction"], registry=r)
         self.check_seconds = Gauge(NODE_CHECK_SECONDS, "Wall time of the node check at the "
                                    "job's start.", registry=r)
-        self.server, _ = start_http_server(port, registry=r)  # the thread is a daemon
+        try:
+            self.server, _ = start_http_server(port, registry=r)  # the thread is a daemon
+        except OSError as e:  # taken since check_port
+            raise UserError(_port_taken(port, e)) from None
         log.info("serving Prometheus metrics on port %d", port)
 
     def observe_step(self, m: dict) -> None:

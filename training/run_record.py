@@ -40,6 +40,17 @@ def run_record(cfg: JobConfig, world_size: int, data: dict) -> dict:
     return {"settings": flat(cfg), "world_size": world_size, "data": data}
 
 
+def record_problem(record) -> str | None:
+    """What keeps a RUN.json's content from being a record of `run_record`'s shape (settings,
+    world size, the rows' fingerprint), or None."""
+    data = record.get("data") if isinstance(record, dict) else None
+    if (isinstance(record, dict) and isinstance(record.get("settings"), dict)
+            and isinstance(record.get("world_size"), int) and isinstance(data, dict)
+            and all(isinstance(data.get(k), int) for k in ("rows", "crc32"))):
+        return None
+    return "is not a run record (an object with settings, world_size and data's rows and crc32)"
+
+
 def _named(name: str) -> str:
     return "world size" if name == "world_size" else flag(name)
 
@@ -47,17 +58,16 @@ def _named(name: str) -> str:
 def compare(old: dict, new: dict, step: int) -> tuple[list[str], list[str]]:
     """(why the run cannot continue from the checkpoint, warnings) for resuming at ``step`` a
     checkpoint written with ``old`` in a run started with ``new``."""
-    before = {**old["settings"], "world_size": old["world_size"]}
     now = {**new["settings"], "world_size": new["world_size"]}
+    # a setting the old record lacks was added to the package after it was written: the
+    # checkpoint's run could not have set it, so it is not reported as changed
+    before = {**now, **old["settings"], "world_size": old["world_size"]}
 
     def changes(names) -> list[str]:
-        # a setting the old record lacks was added to the package after it was written: the
-        # checkpoint's run could not have set it, so it is not reported as changed
-        return [f"{_named(n)} {before[n]!r} -> {now[n]!r}" for n in names
-                if before.get(n, now[n]) != now[n]]
+        return [f"{_named(n)} {before[n]!r} -> {now[n]!r}" for n in names if before[n] != now[n]]
 
     refused, warnings = [], []
-    if old["data"] != new["data"] or before.get("seed") != now["seed"]:
+    if old["data"] != new["data"] or before["seed"] != now["seed"]:
         what = changes((*DATA_SETTINGS, "seed")) or [
             f"the dataset's content or the tokenizer ({old['data']['rows']} -> "
             f"{new['data']['rows']} packed rows, another CRC32)"]

@@ -18,17 +18,21 @@ import torch.distributed as dist
 from torch import nn
 
 from tests.training.conftest import STEPS, assert_losses_close, train
+from training import config as C
 from training.checkpoint import (
     COMPLETE_MARKER,
     DAMAGED_PREFIX,
     DCP_METADATA,
     MANIFEST,
+    RUN_RECORD,
     Checkpointer,
     TrainerState,
+    best_checkpoint,
     complete_checkpoints,
 )
 from training.dist import init_distributed
 from training.errors import UserError
+from training.run_record import run_record
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -60,9 +64,11 @@ def _weights(model) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-def _saved(root: Path, env, steps=(2, 4), async_save=False) -> dict[int, list[torch.Tensor]]:
+def _saved(root: Path, env, steps=(2, 4), async_save=False,
+           run_record: dict | None = None) -> dict[int, list[torch.Tensor]]:
     """Checkpoints at `steps` of one job; returns the weights each holds."""
-    ckpt = Checkpointer(str(root), keep=len(steps), env=env, async_save=async_save)
+    ckpt = Checkpointer(str(root), keep=len(steps), env=env, async_save=async_save,
+                        run_record=run_record)
     model, optimizer, trainer = _job()
     weights = {}
     for step in steps:
@@ -115,6 +121,102 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(kind, env, tmp
     aside = [p.name for p in tmp_path.iterdir() if p.name.startswith(DAMAGED_PREFIX)]
     assert len(aside) == 1 and aside[0].startswith(f"{DAMAGED_PREFIX}step_00000004."), aside
     assert [s for s, _ in complete_checkpoints(tmp_path)] == [2]
+
+
+RECORD = run_record(C.JobConfig(), 1, {"rows": 10, "crc32": 1})
+"""What the job of these tests records in RUN.json (any run record: the same on both sides)."""
+
+RUN_RECORD_DAMAGE = {
+    "not JSON": ('{"settings": {"model": "ti', f"{RUN_RECORD} is unreadable (Unterminated"),
+    "empty": ("", f"{RUN_RECORD} is unreadable (Expecting value"),
+    "a JSON list": ("[]", f"{RUN_RECORD} is not a run record"),
+    "without world size": (json.dumps({"settings": RECORD["settings"], "data": RECORD["data"]}),
+                           f"{RUN_RECORD} is not a run record"),
+}
+
+
+@pytest.mark.parametrize("kind", RUN_RECORD_DAMAGE)
+def test_a_run_record_that_does_not_read_is_damage(kind, env, tmp_path, caplog):
+    """Checked against the weights each checkpoint was saved with: the newest checkpoint's
+    RUN.json replaced by something that is not a run record; resume sets it aside naming
+    RUN.json and loads step 2's weights, whose record is compared (before: a TypeError or
+    KeyError traceback from the comparison, or, for text that is not JSON, a warning that an
+    older version wrote the checkpoint and nothing compared)."""
+    saved = _saved(tmp_path, env, run_record=RECORD)
+    text, says = RUN_RECORD_DAMAGE[kind]
+    (tmp_path / "step_00000004" / RUN_RECORD).write_text(text)
+    model, optimizer, trainer = _job()
+    with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
+        Checkpointer(str(tmp_path), 2, env, run_record=RECORD).resume(model, optimizer, trainer)
+    assert trainer.step == 2 and all(torch.equal(a, b) for a, b in zip(_weights(model), saved[2]))
+    assert says in caplog.text and "falling back to step 2" in caplog.text, caplog.text
+    assert "an older version wrote it" not in caplog.text
+    assert [p.name.split(".")[:2] for p in tmp_path.glob(f"{DAMAGED_PREFIX}*")] == [
+        ["damaged", "step_00000004"]]
+
+
+@pytest.mark.parametrize("settings, warned", [
+    ({}, None), (None, f"has no {RUN_RECORD} (an older version wrote it)")],
+    ids=["settings-of-an-older-version", "no-run-record"])
+def test_a_run_record_of_an_older_version_resumes(settings, warned, env, tmp_path, caplog):
+    """Checked against run_record.compare's rule that a setting the old record lacks is not a
+    change: a RUN.json whose settings predate every setting of today resumes step 4 without a
+    warning (before: a KeyError on the global batch's sizes); a checkpoint without RUN.json
+    resumes step 4 saying that nothing was compared."""
+    saved = _saved(tmp_path, env, run_record=RECORD)
+    path = tmp_path / "step_00000004" / RUN_RECORD
+    if settings is None:
+        path.unlink()
+    else:
+        path.write_text(json.dumps({**RECORD, "settings": settings}))
+    model, optimizer, trainer = _job()
+    with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
+        Checkpointer(str(tmp_path), 2, env, run_record=RECORD).resume(model, optimizer, trainer)
+    assert trainer.step == 4 and all(torch.equal(a, b) for a, b in zip(_weights(model), saved[4]))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == (warned is not None) and all(warned in w for w in warnings), warnings
+
+
+def test_the_best_checkpoint_has_the_lowest_finite_loss(tmp_path):
+    """Checked against markers written here: validation losses NaN (a diverged evaluation,
+    which json writes as NaN), 2.0, 1.5, a string and null by step; the best is step 3
+    (before: a NaN first in step order was kept as the minimum, since NaN compares false with
+    every loss, and a string was a TypeError)."""
+    for step, loss in enumerate([float("nan"), 2.0, 1.5, "1.0", None], start=1):
+        path = tmp_path / f"step_{step:08d}"
+        path.mkdir()
+        (path / COMPLETE_MARKER).write_text(json.dumps({"step": step, "eval_loss": loss}))
+    assert best_checkpoint(tmp_path) == (3, tmp_path / "step_00000003", 1.5)
+
+
+@pytest.mark.parametrize("marker", ["missing", "a directory"])
+def test_a_newer_step_directory_without_marker_is_named(marker, env, tmp_path, caplog):
+    """Checked against the weights saved at step 4: a copy of step 4 as step_00000006 without
+    its COMPLETE marker (an incomplete copy; a marker that is a directory), resume loads step
+    4 and warns naming step_00000006, which stays (before: it was passed over without a word,
+    and a directory of only such copies started from step 0 silently)."""
+    saved = _saved(tmp_path, env)
+    shutil.copytree(tmp_path / "step_00000004", tmp_path / "step_00000006")
+    (tmp_path / "step_00000006" / COMPLETE_MARKER).unlink()
+    if marker == "a directory":
+        (tmp_path / "step_00000006" / COMPLETE_MARKER).mkdir()
+    model, optimizer, trainer = _job()
+    with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
+        Checkpointer(str(tmp_path), 2, env).resume(model, optimizer, trainer)
+    assert trainer.step == 4 and all(torch.equal(a, b) for a, b in zip(_weights(model), saved[4]))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == [f"{tmp_path / 'step_00000006'} has no COMPLETE marker (a copy or a "
+                        "deletion that did not finish): not a checkpoint, not resumed"]
+    assert (tmp_path / "step_00000006").is_dir()
+
+
+def test_a_directory_without_checkpoints_says_it_starts_from_step_0(env, tmp_path, caplog):
+    """Checked against an empty --checkpoint-dir (a new run, or a mistyped path): resume says
+    that it starts from step 0 and where it looked."""
+    model, optimizer, trainer = _job()
+    with caplog.at_level(logging.INFO, logger="training.checkpoint"):
+        assert Checkpointer(str(tmp_path), 2, env).resume(model, optimizer, trainer) is None
+    assert f"no complete checkpoint in {tmp_path}: starting from step 0" in caplog.text
 
 
 def test_sound_checkpoints_load_the_newest_without_warnings(env, tmp_path, caplog):

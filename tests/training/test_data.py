@@ -6,8 +6,11 @@ expected tokens and labels are written out by hand from the record's text."""
 
 from __future__ import annotations
 
+import codecs
 import json
+import re
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -266,6 +269,57 @@ def test_dataset_directory_with_validation_split(tmp_path):
                         str(tmp_path / "cache"))
 
 
+ALPACA_LINES = ['{"instruction": "i%d", "output": "o"}' % i for i in range(4)]
+
+
+@pytest.mark.parametrize("files, message", [
+    ({}, r"--dataset {d}: The directory at {d} doesn't contain any data files; a dataset "
+         r"directory holds data files such as train.jsonl"),
+    ({"README.md": "# my data\n"}, r"--dataset {d}: The directory at {d} doesn't contain any "
+                                   r"data files"),
+    ({"train.jsonl": "\n".join(ALPACA_LINES[:2] + ['{"instruction": "i'] + ALPACA_LINES[2:])},
+     r"--dataset {d}/train.jsonl: line 3 is not valid JSON"),
+    ({"train.jsonl": "\n".join(ALPACA_LINES), "validation.jsonl": ""},
+     r"--dataset {d}: validation.jsonl holds no records"),
+], ids=["empty", "no-data-files", "broken-line", "empty-validation-file"])
+def test_a_dataset_directory_that_does_not_load_names_the_file(files, message, tmp_path):
+    """Checked against the files written here into a dataset directory, which `datasets`
+    loads: a directory without data files, one whose train.jsonl has a broken line 3, one
+    whose validation.jsonl is empty. Each is one error naming the directory or the file (and
+    line) (before: an EmptyDatasetError or DatasetGenerationError traceback, or `datasets`'
+    'Instruction "validation" corresponds to no data!')."""
+    directory = tmp_path / "data"
+    directory.mkdir()
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    with pytest.raises(UserError, match=message.format(d=re.escape(str(directory)))):
+        dataset.prepare(C.DataConfig(dataset=str(directory), val_fraction=0),
+                        str(tmp_path / "cache"))
+
+
+def test_a_damaged_prepared_copy_of_a_dataset_directory_names_what_to_delete(tmp_path):
+    """Checked against `datasets`' own cache: a dataset directory loaded once, then the Arrow
+    files it prepared in --cache-dir cut to 100 bytes (a full disk, a copy that did not
+    finish). The error names a folder that holds those files; once it is deleted, the same
+    call loads every record (before: ArrowInvalid, or a traceback)."""
+    import shutil
+
+    directory, cache = tmp_path / "data", tmp_path / "cache"
+    directory.mkdir()
+    (directory / "train.jsonl").write_text("\n".join(ALPACA_LINES) + "\n")
+    cfg = C.DataConfig(dataset=str(directory), val_fraction=0)
+    assert len(dataset.prepare(cfg, str(cache)).train) == len(ALPACA_LINES)
+    arrows = list(cache.rglob("*.arrow"))
+    for arrow in arrows:
+        arrow.write_bytes(arrow.read_bytes()[:100])
+    with pytest.raises(UserError) as e:
+        dataset.prepare(cfg, str(cache))
+    [named] = re.findall(r"may be damaged: delete (\S+) to have it prepared again", str(e.value))
+    assert arrows and all(Path(named) in arrow.parents for arrow in arrows), (named, arrows)
+    shutil.rmtree(named)
+    assert len(dataset.prepare(cfg, str(cache)).train) == len(ALPACA_LINES)
+
+
 def test_dataset_without_held_out_split_uses_the_fraction():
     """Checked against split_tables' contract: a DatasetDict with only `train` has no held-out
     split (the fraction applies); one with `test` uses it."""
@@ -309,6 +363,63 @@ def test_broken_json_array_names_the_line(tmp_path):
         _prepare(path)
 
 
+def test_an_indented_json_object_is_one_record(tmp_path):
+    """Checked against the record written here with json.dump(indent=2), as editors and
+    `json.dump` write one: a .json file that is one object over many lines is that one record
+    (before: "line 1 is not valid JSON: Expecting property name", about a valid file)."""
+    path = tmp_path / "train.json"
+    record = {"instruction": "Say hi", "output": "hi"}
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    records = _prepare(path, val_fraction=0)
+    assert records.fmt == "alpaca" and len(records.train) == 1
+    assert records.train[0][1] == ("hi", True)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{\n  "instruction": "i",\n  "output": "o",\n}\n',
+     r"line 4 is not valid JSON: Expecting property name enclosed in double quotes"),
+    (json.dumps({"data": [{"instruction": "i", "output": "o"}] * 3}, indent=2),
+     r"record 1: its fields \(data\) match no known format .*; its field 'data' holds a list "
+     r"of 3 objects: if those are the records, give them as a JSON array or one per line"),
+], ids=["syntax-error-on-line-4", "records-under-a-key"])
+def test_a_json_object_file_names_what_is_wrong(text, message, tmp_path):
+    """Checked against the files written here: an indented object with a trailing comma is
+    named at the line json reports (4), not at line 1; an object that wraps the records in a
+    list under one key says so and how to give them."""
+    path = tmp_path / "train.json"
+    path.write_text(text)
+    with pytest.raises(UserError, match=rf"--dataset {path}: {message}"):
+        _prepare(path, val_fraction=0)
+
+
+@pytest.mark.parametrize("byte_order", ["little", "big"])
+def test_a_utf16_file_with_its_byte_order_mark_is_read(byte_order, tmp_path):
+    """Checked against records written here in UTF-16 after its byte-order mark (what Windows
+    PowerShell 5's `>` and Notepad's "Unicode" save, little-endian): the same records as the
+    UTF-8 text (before: "line 1 is not UTF-8 text (invalid start byte at byte 0)")."""
+    records = [{"text": "caf\u00e9"}, {"text": "\u65e5\u672c"}]
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in records)
+    mark, codec = ((codecs.BOM_UTF16_LE, "utf-16-le") if byte_order == "little"
+                   else (codecs.BOM_UTF16_BE, "utf-16-be"))
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(mark + text.encode(codec))
+    assert [segments[0][0] for segments in _prepare(path, val_fraction=0).train] == [
+        r["text"] for r in records]
+
+
+def test_bytes_that_are_not_utf8_name_their_line(tmp_path):
+    """Checked against the file written here: line 3 holds "caf\\xe9" (Latin-1, as an old
+    export writes it); the error names line 3 and the conversion, not only a byte offset."""
+    path = tmp_path / "train.jsonl"
+    data = b'{"text": "a"}\n{"text": "b"}\n{"text": "caf\xe9"}\n'
+    path.write_bytes(data)
+    offset = data.index(b"\xe9")
+    with pytest.raises(UserError, match=rf"--dataset {path}: line 3 is not UTF-8 text "
+                                        rf"\(invalid continuation byte at byte {offset}\); "
+                                        r"convert the file to UTF-8"):
+        _prepare(path, val_fraction=0)
+
+
 @pytest.mark.parametrize("lines, data, message", [
     (['{"instruction": "i", "output": "o"}', '{"instruction": "i2"}'], {},
      r"record 2 \(line 2\): field 'output' is missing \(needed by the alpaca format\); the "
@@ -329,8 +440,13 @@ def test_broken_json_array_names_the_line(tmp_path):
     (['{"a": "x", "b": "y"}'],
      {"prompt_field": "a", "response_field": "b", "prompt_template": "{a} {c}"},
      r"record 1 \(line 1\): --prompt-template names \{c\}, which the record lacks"),
+    (['{"a": "x", "b": "y"}'],
+     {"prompt_field": "a", "response_field": "b", "prompt_template": 'As JSON {"v": {a}}'},
+     r'record 1 \(line 1\): --prompt-template names \{"v"\}, which the record lacks; it has '
+     r"a, b \(a literal brace in the template is written \{\{ or \}\}\)"),
 ], ids=["alpaca-missing-output", "null-completion", "fields-typo", "chat-no-assistant",
-        "chat-no-content", "unknown-format", "wrong-type", "not-an-object", "template-field"])
+        "chat-no-content", "unknown-format", "wrong-type", "not-an-object", "template-field",
+        "template-literal-brace"])
 def test_bad_record_names_record_and_field(lines, data, message, tmp_path):
     """Checked against the records written here: the error names the file, the record's
     number and line, and what is missing or wrong."""
@@ -374,6 +490,56 @@ def test_output_paths_that_are_files_are_refused_first(flag, tmp_path):
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.json"))
     nested = _cli(tmp_path, flag, str(existing / "run1"))
     assert f"{existing} is a file" in nested.stderr
+
+
+@pytest.mark.parametrize("flag, inside", [("--checkpoint-dir", "ckpt"),
+                                          ("--metrics-file", "logs/metrics.jsonl")])
+def test_what_the_export_would_delete_is_refused_first(flag, inside, tmp_path):
+    """Checked against the export's contract (training/export.py: --output-dir is renamed aside
+    and deleted when the new export is in place): a --checkpoint-dir or --metrics-file inside
+    --output-dir ends the run with one error naming both, before the data is read (before: the
+    run trained, and the export deleted its checkpoints and metrics)."""
+    run = tmp_path / "run"
+    out = _cli(tmp_path, "--output-dir", str(run), flag, str(run / inside),
+               "--dataset", str(tmp_path / "missing.jsonl"))
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    [error] = [line for line in out.stderr.splitlines() if " ERROR " in line]
+    assert (f"{flag} {run / inside}: is inside --output-dir {run}, which the export replaces "
+            "as a whole") in error
+    assert not run.exists()
+
+
+def test_an_output_dir_holding_other_files_is_refused_first(tmp_path):
+    """Checked against the real entry point: an existing --output-dir with a file of the
+    user's ends the run before the data is read, naming the file, and the file stays (before:
+    the export deleted it)."""
+    existing = tmp_path / "home"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("the user's file")
+    out = _cli(tmp_path, "--output-dir", str(existing), "--dataset", str(tmp_path / "m.jsonl"))
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert (f"--output-dir {existing}: exists and is not a model export (it holds notes.txt)"
+            in out.stderr)
+    assert (existing / "notes.txt").read_text() == "the user's file"
+
+
+def test_only_a_previous_export_or_an_empty_directory_is_replaced(tmp_path):
+    """Checked against a directory the export's writer fills (the tiny preset: config.json,
+    sharded safetensors with their index, the tokenizer; training/tiny.py writes it through
+    export.Shards): replaceable, as is an empty one; the same with a subdirectory or a file
+    of the user's beside it is not."""
+    from training.export import replace_problem
+
+    model = tiny.materialize(tmp_path / "model", seed=7)
+    (tmp_path / "empty").mkdir()
+    assert replace_problem(model) is None and replace_problem(tmp_path / "empty") is None
+    assert replace_problem(tmp_path / "missing") is None
+    (model / "runs").mkdir()
+    assert replace_problem(model).startswith("exists and is not a model export (it holds ")
+    (model / "runs").rmdir()
+    (model.parent / "lone").mkdir()
+    (model.parent / "lone" / "config.json").write_text("{}")
+    assert "(it holds config.json)" in replace_problem(model.parent / "lone")
 
 
 def test_metrics_file_under_a_file_is_refused_first(tmp_path):

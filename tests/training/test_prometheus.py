@@ -120,3 +120,28 @@ def _wait_for(port: int, proc: subprocess.Popen, ready, timeout: float = 90) -> 
             pass
         time.sleep(0.1)
     pytest.fail("the metrics endpoint never reached the expected state")
+
+
+def test_a_port_another_process_listens_on_is_refused_at_the_start(tmp_path):
+    """Checked against a socket listening on the port here (another exporter on the node):
+    the run ends with one error naming --metrics-port and the system's reason before the data
+    is read (the dataset named does not exist, and that is not what is reported), and a
+    server started on it anyway, after the check, is the same error (before: an OSError
+    traceback once the model was loaded and the data packed)."""
+    import socket
+
+    from tests.training.conftest import finetune_in_one_process
+    from training.errors import UserError
+
+    port = free_port()
+    with socket.socket() as other:
+        other.bind(("0.0.0.0", port))
+        other.listen()
+        out = finetune_in_one_process(tmp_path / "cache", "--metrics-port", str(port),
+                                      "--dataset", str(tmp_path / "missing.jsonl"))
+        with pytest.raises(UserError, match=f"--metrics-port {port}: cannot serve on it"):
+            prometheus.TrainingMetrics(port)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    [error] = [line for line in out.stderr.splitlines() if " ERROR " in line]
+    assert (f"--metrics-port {port}: cannot serve on it on this node (Address already in use)"
+            in error)

@@ -126,6 +126,21 @@ def test_missing_file_and_local_records(tmp_path):
         {"instruction": "i", "output": "o"}]
 
 
+def test_a_relative_file_of_any_case_or_type_is_local(tmp_path, monkeypatch):
+    """Checked against the files written here, named relative to the working directory as a
+    user types them: TRAIN.JSONL is read as JSON lines, and train.csv (a type we do not read)
+    is refused as a local file of an unsupported type (before: both were looked up as
+    Hugging Face dataset names, "no such dataset on the Hub, and no such local file")."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "TRAIN.JSONL").write_text('{"text": "a"}\n{"text": "b"}\n')
+    assert dataset.load_tables(C.DataConfig(dataset="TRAIN.JSONL"), None)[0].records == [
+        {"text": "a"}, {"text": "b"}]
+    (tmp_path / "train.csv").write_text("text\na\n")
+    with pytest.raises(UserError, match="--dataset train.csv: unsupported file type; use "
+                                        ".json, .jsonl or .parquet"):
+        dataset.load_tables(C.DataConfig(dataset="train.csv"), None)
+
+
 def test_order_is_independent_of_world_size():
     """Checked against a single rank: at world 2 x batch 4 the two ranks' micro-batches
     together are exactly world 1 x batch 8's (so a resume on another world size continues the
@@ -268,6 +283,21 @@ def test_gated_model_without_token(monkeypatch):
     with pytest.raises(UserError, match="has no access") as e:
         hub._download("meta-llama/Llama-2-7b-hf", None)
     assert "hf_secret_value" not in str(e.value)
+
+
+def test_a_download_the_cache_cannot_hold_is_a_clear_error(monkeypatch, tmp_path):
+    """Checked against what the client raises when it cannot create the model's folder in a
+    read-only cache (os.makedirs' PermissionError): one message naming --cache-dir, not a
+    traceback."""
+    import huggingface_hub
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "models--org--m"))
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", read_only)
+    with pytest.raises(UserError, match=rf"--cache-dir {tmp_path}: cannot write the model there "
+                                        r"\(\[Errno 13\] Permission denied"):
+        hub._download("org/m", str(tmp_path))
 
 
 def test_offline_download_is_a_clear_error(monkeypatch, tmp_path):

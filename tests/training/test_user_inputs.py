@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -133,6 +134,76 @@ def test_turns_out_of_the_templates_order_name_the_record(llama2_chat_model, tmp
     assert "Conversation roles must alternate" in error
 
 
+# ----------------------------------------------------------------------------- model files
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:1000])
+
+
+MODEL_DAMAGE = {
+    "config-not-json": (lambda m: (m / "config.json").write_text('{"model_type": "lla'),
+                        "config.json is not readable JSON"),
+    "truncated-weights": (lambda m: _truncate(m / "model-00001-of-00010.safetensors"),
+                          "model-00001-of-00010.safetensors is not a readable safetensors file"),
+    "shard-missing": (lambda m: (m / "model-00003-of-00010.safetensors").unlink(),
+                      "model-00003-of-00010.safetensors, named in model.safetensors.index.json, "
+                      "is missing"),
+    "tokenizer-missing": (lambda m: [(m / f).unlink() for f in ("tokenizer.json",
+                                                                "tokenizer_config.json")],
+                          "its tokenizer does not load (Couldn't instantiate the backend "
+                          "tokenizer"),
+}
+
+
+@pytest.mark.parametrize("damage", MODEL_DAMAGE)
+def test_a_damaged_model_directory_is_named_before_training(damage, tmp_path):
+    """Checked against the tiny preset's files (training/tiny.py: config.json and ten
+    safetensors files with an index), damaged here as an interrupted copy or a full disk leaves
+    them: the run ends with one error naming the directory, the file and what is wrong, before
+    the data is tokenized (before: a JSONDecodeError, SafetensorError, FileNotFoundError or
+    ValueError traceback from transformers or safetensors)."""
+    model = tiny.materialize(tmp_path / "model", seed=7)
+    damage_it, says = MODEL_DAMAGE[damage]
+    damage_it(model)
+    out = finetune(tmp_path / "cache", "--model", str(model), "--dataset", str(SHIPPED), *QUICK)
+    [error] = errors(out)
+    assert f"--model {model}: {model}: {says}" in error
+    assert error.endswith("copy the model directory again from its source")
+    assert "training data:" not in out.stderr
+
+
+def test_a_damaged_tiny_preset_names_the_directory_to_delete(tmp_path):
+    """Checked against the preset's directory in --cache-dir (training/tiny.py writes it once
+    and reuses it): its config.json emptied, the run ends with one error naming the file and
+    the directory to delete so that it is written again."""
+    model = tiny.materialize(tiny.directory(str(tmp_path / "cache"), 7), seed=7)
+    (model / "config.json").write_text("")
+    [error] = errors(finetune(tmp_path / "cache", "--dataset", str(SHIPPED), *QUICK))
+    assert f"--model tiny: {model}: config.json is not readable JSON" in error
+    assert error.endswith(f"delete {model} so that the preset is written again")
+
+
+def test_a_cache_dir_the_job_cannot_use_is_one_error(tmp_path):
+    """Checked against a --cache-dir under a regular file (refused before the data is read)
+    and one with mode 0555 (the tiny preset cannot be written there: one error naming
+    --cache-dir and the system's reason) (before: a NotADirectoryError or PermissionError
+    traceback)."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the user's file")
+    [error] = errors(finetune(notes / "cache", "--dataset", str(tmp_path / "missing.jsonl")))
+    assert f"--cache-dir {notes / 'cache'}: exists and is not a directory: {notes} is a file" \
+        in error
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        out = finetune(locked, "--dataset", str(SHIPPED), *QUICK, prefix=_without_root_override())
+    finally:
+        locked.chmod(0o755)
+    [error] = errors(out)
+    assert f"--cache-dir {locked}: cannot write the model there ([Errno 13] Permission denied" \
+        in error
+
+
 # ----------------------------------------------------------------------------- checkpoints
 BEST = ["--seq-len", "512", "--seed", "7", "--eval-every", "1", "--keep-best",
         "--checkpoint-every", "1", "--keep-checkpoints", "3"]
@@ -191,6 +262,25 @@ def test_a_directory_the_job_cannot_write_is_refused_before_the_data(flag, tmp_p
     assert f"{flag} {value}: this process (uid " in error
     assert f"cannot create files in {locked} (Permission denied)" in error
     assert not (tmp_path / "cache").exists() and not list(locked.iterdir())
+
+
+def test_a_metrics_file_the_job_cannot_append_to_is_refused_before_the_data(tmp_path):
+    """Checked against an existing --metrics-file with mode 0444 in a writable directory (a
+    previous run's file, made read-only): one error naming the flag, the file and the system's
+    reason, before the data is read, and the file keeps its records (before: a PermissionError
+    traceback once the model was loaded, when the metrics file was opened)."""
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"train/step": 1}\n')
+    metrics.chmod(0o444)
+    try:
+        out = finetune(tmp_path / "cache", "--metrics-file", str(metrics), "--dataset",
+                       str(tmp_path / "missing.jsonl"), prefix=_without_root_override())
+    finally:
+        metrics.chmod(0o644)
+    [error] = errors(out)
+    assert (f"--metrics-file {metrics}: this process (uid {os.geteuid()}) cannot append to it "
+            "(Permission denied)") in error
+    assert metrics.read_text() == '{"train/step": 1}\n' and not (tmp_path / "cache").exists()
 
 
 # ----------------------------------------------------------------------------- resumes
@@ -283,6 +373,35 @@ def test_a_resume_with_another_batch_or_learning_rate_continues_with_warnings(tw
     assert (ckpt / "step_00000003" / "RUN.json").is_file()
 
 
+@pytest.mark.parametrize("locked, named", [
+    ("step_00000002/__0_0.distcp", "step_00000002/__0_0.distcp"),
+    ("step_00000002", "step_00000002/COMPLETE"),
+    ("step_00000002/COMPLETE", "step_00000002/COMPLETE"),
+], ids=["shard", "directory", "marker"])
+def test_a_checkpoint_the_job_cannot_read_is_refused_not_set_aside(locked, named, two_steps,
+                                                                   tmp_path, tiny_cache):
+    """Checked against the fixture's checkpoint (step 2) with one file or its directory
+    made mode 000 (another user's files on a shared volume look so to the job): the run ends
+    with one error naming what it cannot read and how to fix it, and sets nothing aside nor
+    trains, since the checkpoint is sound (before: a PermissionError traceback; an unreadable
+    COMPLETE marker was taken for damage and its checkpoint set aside)."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(two_steps, ckpt)
+    (ckpt / locked).chmod(0)
+    try:
+        out = finetune(tiny_cache, *QUICK[:-4], "--seed", "7", "--val-fraction", "0",
+                       "--max-steps", "3", "--dataset", str(two_steps.parent / "data.jsonl"),
+                       "--checkpoint-dir", str(ckpt), prefix=_without_root_override())
+    finally:
+        (ckpt / locked).chmod(0o755)
+    [error] = errors(out)
+    assert f"this process (uid {os.geteuid()}) cannot read {ckpt / named} (Permission denied)" \
+        in error
+    assert error.endswith("make the checkpoint directory readable by the job's user (chmod -R "
+                          "u+rX, or chown -R), or give another --checkpoint-dir")
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted(p.name for p in two_steps.iterdir())
+
+
 # ----------------------------------------------------------------------------- ownership
 def test_a_second_run_on_a_directory_in_use_is_refused_naming_the_owner(tmp_path, tiny_cache):
     """Checked against the first run's process: while it trains (200 steps slowed to 2 s each
@@ -342,6 +461,49 @@ def test_a_gone_owner_does_not_block_a_restart(owner, age_s, env, tmp_path, tiny
     log = trained(finetune(tiny_cache, *QUICK, "--checkpoint-dir", str(ckpt), env=env))
     assert ("taking it over from a run that is gone" in log) == (not env)
     assert (ckpt / "step_00000001" / "COMPLETE").is_file()
+
+
+@pytest.mark.parametrize("text, age_s, refusal", [
+    ("[1, 2]", 0, r"its OWNER.json cannot be read \(a JSON list, not an owner record\) and "
+                  r"was written \d+ s ago, so a run may be writing it"),
+    ('{"host": "HERE", "pid": "abc", "started": "yesterday"}', 0,
+     r"another run owns it \(host HERE, pid abc, run id None, started at an unknown time, "
+     r"last heartbeat \d+ s ago\)"),
+    ('{"host": "HERE", "pid": null}', 0, r"another run owns it \(host HERE, pid None"),
+    ("[1, 2]", 3600, None),
+    (None, 3600, r"cannot replace OWNER.json \(Is a directory\); delete "),
+], ids=["a-list", "pid-and-start-not-numbers", "pid-null", "a-list-an-hour-old",
+        "a-directory-an-hour-old"])
+def test_an_owner_file_of_the_wrong_shape_is_judged_by_its_age(text, age_s, refusal, tmp_path):
+    """Checked against the ownership rules (training/owner.py): an OWNER.json that is JSON but
+    not an owner record, or whose pid or start is not a number, counts like an unreadable one
+    (its age decides: refused while fresh, naming the file to delete if no run uses the
+    directory; taken over once older than 5 minutes; a directory of that name cannot be, and
+    is named to delete), never a traceback (before: an AttributeError, ValueError, TypeError or
+    IsADirectoryError from the ownership check)."""
+    import socket
+
+    from training.errors import UserError
+    from training.owner import DirectoryOwner
+
+    path = tmp_path / "OWNER.json"
+    if text is None:
+        path.mkdir()
+    else:
+        path.write_text(text.replace("HERE", socket.gethostname()))
+    os.utime(path, (time.time() - age_s, time.time() - age_s))
+    owner = DirectoryOwner(tmp_path)
+    if refusal is None:
+        owner.take()
+        owner.release()
+        assert not path.exists()  # it was ours
+        return
+    with pytest.raises(UserError) as e:
+        owner.take()
+    assert re.search(refusal.replace("HERE", re.escape(socket.gethostname())), str(e.value))
+    assert str(e.value).endswith(f"delete {path}" if text is None
+                                 else f"delete {path} if no run uses the directory)")
+    assert [p.name for p in tmp_path.iterdir()] == ["OWNER.json"]  # no leftover temporary file
 
 
 @pytest.mark.parametrize("seq_len, warned", [(4160, True), (4096, False)])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -390,6 +391,23 @@ def _step(cfg: JobConfig, run: _Run, step: int, flops_token: float, peak: float 
                         flops_token=flops_token, peak=peak, device=env.device)
 
 
+def _stop_if_not_finite(record: dict, ckpt: Checkpointer | None) -> None:
+    """A loss or gradient norm that is not finite has already reached the weights (the step
+    applied it): stop before they are evaluated or saved, so that every checkpoint on disk stays
+    one to resume from. The loss is all-reduced and the norm global, so every rank stops at the
+    same step."""
+    loss, norm = record["train/loss"], record["train/grad_norm"]
+    if math.isfinite(loss) and math.isfinite(norm):
+        return
+    if ckpt:
+        ckpt.close()  # a background save of an earlier step completes
+    raise UserError(
+        f"step {record['train/step']}: the training loss is {loss} and the gradient norm "
+        f"{norm}, so the weights are no longer finite; the run stops without saving them. The "
+        "checkpoints written so far are sound: resume from the newest with a lower "
+        "--learning-rate (or with --max-grad-norm), or check the model's weights and the data.")
+
+
 def _train(cfg: JobConfig, run: _Run, out: MetricsLogger, flops_token: float, env: DistEnv,
            faults: Faults | None) -> list[dict] | None:
     """The loop: step, evaluate and checkpoint when they are due, report. Returns the steps'
@@ -399,6 +417,7 @@ def _train(cfg: JobConfig, run: _Run, out: MetricsLogger, flops_token: float, en
     for step in range(run.state.step + 1, run.total + 1):
         history.append(_step(cfg, run, step, flops_token, peak, env))
         out.step(history[-1])
+        _stop_if_not_finite(history[-1], run.ckpt)
         evaluated = run.evaluator.due(step, run.total, run.state.offset)
         if evaluated:
             out.eval(run.evaluator(run.model, step, run.state.epoch))

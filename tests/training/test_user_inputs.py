@@ -171,6 +171,32 @@ def test_a_damaged_model_directory_is_named_before_training(damage, tmp_path):
     assert "training data:" not in out.stderr
 
 
+def test_weights_that_are_not_finite_stop_the_run_before_anything_is_saved(tmp_path):
+    """Checked against the definition of a usable checkpoint (finite weights): the tiny
+    preset's final norm set to +inf, as a damaged conversion leaves it, makes the first step's
+    loss NaN. The run ends with status 1 and one error naming the step, the loss and the way
+    out; that step's metrics record is written, and no checkpoint exists although one is due
+    after every step (before: the run saved NaN weights every step and exported them)."""
+    from safetensors.torch import load_file, save_file
+
+    model = tiny.materialize(tmp_path / "model", seed=7)
+    [shard] = [f for f in model.glob("*.safetensors") if "model.norm.weight" in load_file(f)]
+    tensors = load_file(shard)
+    tensors["model.norm.weight"].fill_(float("inf"))
+    save_file(tensors, shard, metadata={"format": "pt"})
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
+    out = finetune(tmp_path / "cache", "--model", str(model), "--dataset", str(SHIPPED),
+                   *QUICK[:2], "--max-steps", "3", "--val-fraction", "0", "--checkpoint-dir",
+                   str(ckpt), "--checkpoint-every", "1", "--output-dir", str(tmp_path / "out"),
+                   "--metrics-file", str(metrics))
+    [error] = errors(out)
+    assert "step 1: the training loss is nan" in error
+    assert "the run stops without saving them" in error and "--learning-rate" in error
+    steps = [r for r in records_of(metrics) if "train/step" in r]
+    assert [r["train/step"] for r in steps] == [1] and steps[0]["train/loss"] != steps[0]["train/loss"]
+    assert not list(ckpt.glob("step_*")) and not (tmp_path / "out").exists()
+
+
 def test_a_damaged_tiny_preset_names_the_directory_to_delete(tmp_path):
     """Checked against the preset's directory in --cache-dir (training/tiny.py writes it once
     and reuses it): its config.json emptied, the run ends with one error naming the file and

@@ -155,12 +155,16 @@ def _is_file(path: Path) -> bool:
         return False
 
 
-def _unreadable(e: PermissionError) -> str:
-    """The refusal for a checkpoint file this process may not read: the checkpoint is not
-    damaged (nothing is set aside), its permissions are the user's to fix."""
-    return (f"--checkpoint-dir: this process (uid {os.geteuid()}) cannot read {e.filename} "
-            f"({e.strerror}); make the checkpoint directory readable by the job's user "
-            "(chmod -R u+rX, or chown -R), or give another --checkpoint-dir")
+def _unreadable(e: OSError) -> str:
+    """The refusal for a checkpoint file this process cannot read: the checkpoint is not
+    damaged (nothing is set aside); its permissions, or the file system it is on (an I/O
+    error, a lost mount), are the user's to fix."""
+    if isinstance(e, PermissionError):
+        return (f"--checkpoint-dir: this process (uid {os.geteuid()}) cannot read {e.filename} "
+                f"({e.strerror}); make the checkpoint directory readable by the job's user "
+                "(chmod -R u+rX, or chown -R), or give another --checkpoint-dir")
+    return (f"--checkpoint-dir: reading {e.filename} failed ({e.strerror or e}); check the file "
+            "system it is on (a lost or failing mount), then start the run again")
 
 
 def _step_dirs(root: Path) -> list[tuple[int, Path, bool]]:
@@ -448,13 +452,14 @@ class Checkpointer:
         return self._on_main(read)
 
     def _on_main(self, read: Callable[[], T]) -> T:
-        """``read()`` on rank 0, its result on every rank; a file there that this process may
-        not read is the same UserError on every rank (`_unreadable`)."""
+        """``read()`` on rank 0, its result on every rank; a file there that this process
+        cannot read is the same UserError on every rank (`_unreadable`), so that no rank waits
+        for the broadcast until the collective timeout."""
         shared: list = [None, None]
         if self.env.is_main:
             try:
                 shared[0] = read()
-            except PermissionError as e:
+            except OSError as e:
                 shared[1] = _unreadable(e)
         dist.broadcast_object_list(shared, src=0)
         if shared[1] is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -217,6 +218,25 @@ def test_a_directory_without_checkpoints_says_it_starts_from_step_0(env, tmp_pat
     with caplog.at_level(logging.INFO, logger="training.checkpoint"):
         assert Checkpointer(str(tmp_path), 2, env).resume(model, optimizer, trainer) is None
     assert f"no complete checkpoint in {tmp_path}: starting from step 0" in caplog.text
+
+
+def test_a_file_system_error_is_one_error_and_sets_nothing_aside(env, tmp_path, monkeypatch):
+    """Checked against errno's EIO (a failing disk or a lost mount) raised while rank 0 lists
+    the checkpoint directory: the resume ends with one UserError naming the path and the
+    error, shared with every rank (before: the OSError left the other ranks waiting for rank
+    0's broadcast until the collective timeout), and both checkpoints stay in place."""
+    import errno
+
+    _saved(tmp_path, env)
+
+    def failing(root: Path):
+        raise OSError(errno.EIO, os.strerror(errno.EIO), str(root))
+
+    monkeypatch.setattr("training.checkpoint._step_dirs", failing)
+    model, optimizer, trainer = _job()
+    with pytest.raises(UserError, match=f"reading {tmp_path} failed \\(Input/output error\\)"):
+        Checkpointer(str(tmp_path), 2, env).resume(model, optimizer, trainer)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000004"]
 
 
 def test_sound_checkpoints_load_the_newest_without_warnings(env, tmp_path, caplog):

@@ -199,9 +199,14 @@ class DataConfig(_Section):
             names = template_fields(self.prompt_template)
         except ValueError as e:
             return [(False, "prompt_template", f"is not a Python format string: {e}")]
+        # A record field is text: {a.upper} would render a method's repr, {a[0]} one character.
+        accessed = [e for e in template_expressions(self.prompt_template) if "." in e or "[" in e]
         return [
             (all(names), "prompt_template",
              "name record fields in braces, e.g. {dialogue}; '{}' and '{0}' name none"),
+            (not accessed, "prompt_template",
+             f"names {', '.join('{' + e + '}' for e in accessed)}: a field's attribute or index "
+             "is not its text; name the field alone, e.g. {" + (self.prompt_field or "") + "}"),
             (self.prompt_field in names, "prompt_template",
              f"must name the prompt field as {{{self.prompt_field}}}; it names "
              f"{', '.join('{' + n + '}' for n in names if n) or 'no field'}"),
@@ -221,18 +226,25 @@ REMOTE_DATA_RECIPE = (
 """Why data on S3 (or any URL) is refused, and the recipes that work."""
 
 
-def template_fields(template: str) -> list[str]:
-    """The record fields a --prompt-template names, in order ('' for a positional field such as
-    '{}' or '{0}'); ``{a.b}`` and ``{a[0]}`` name ``a``. Raises ValueError if it is not a valid
-    format string (e.g. a single '{')."""
-    names = []
+def template_expressions(template: str) -> list[str]:
+    """The replacement fields of a format string as written (``a``, ``a.b``, ``a[0]``, ``0``,
+    ''), nested format specs included, in order. Raises ValueError if it is not a valid format
+    string (e.g. a single '{')."""
+    found = []
     for _, name, spec, _ in string.Formatter().parse(template):
         if name is not None:
-            base = name.split(".", 1)[0].split("[", 1)[0]
-            names.append("" if base.isdigit() else base)
+            found.append(name)
             if spec and "{" in spec:
-                names += template_fields(spec)
-    return names
+                found += template_expressions(spec)
+    return found
+
+
+def template_fields(template: str) -> list[str]:
+    """The record fields a --prompt-template names, in order ('' for a positional field such as
+    '{}' or '{0}'); ``{a.b}`` and ``{a[0]}`` name ``a``. Raises ValueError as
+    `template_expressions`."""
+    bases = (name.split(".", 1)[0].split("[", 1)[0] for name in template_expressions(template))
+    return ["" if base.isdigit() else base for base in bases]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -316,6 +316,9 @@ def test_own_dataset_drops_the_samsum_mapping():
     ({"promptTemplate": "Summarize {dialog}"}, "promptTemplate",
      "must name the prompt field as {dialogue}; it names {dialog}"),
     ({"promptTemplate": "Summarize {dialogue"}, "promptTemplate", "is not a Python format string"),
+    ({"promptTemplate": "Summarize {dialogue.upper}"}, "promptTemplate",
+     "names {dialogue.upper}: a field's attribute or index is not its text; name the field alone, "
+     "e.g. {dialogue}"),
     ({"dataFormat": "chat"}, "promptField", "only applies with job.dataFormat fields"),
     ({"valFraction": 0.5}, "valFraction", "must be in [0, 0.5)"),
     ({"evalEvery": -1}, "evalEvery", "must be >= 0"),

@@ -89,6 +89,8 @@ def test_contract_flags_exist():
                                                          "--keep-checkpoints"),
     (["--weight-decay", "inf"], "--weight-decay"),
     (["--float8-recipe", "rowwise"], "--float8-recipe"),  # without --precision fp8
+    (["--prompt-field", "q", "--response-field", "a", "--prompt-template", "{q.upper}"],
+     "--prompt-template"),  # a method's repr, not the field's text
 ])
 def test_bad_values_name_the_flag(argv, flag, capsys):
     """Checked against the rule 'a user mistake names the setting to change'."""

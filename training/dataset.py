@@ -13,7 +13,7 @@ are tokenized separately, so a response's tokens are exactly what the model prod
 prompt at inference.
 
 Validation: a Hugging Face dataset's (or a dataset directory's) `validation` split, else its
-`test` split; otherwise the records whose content hash (SHA-256 of the canonical JSON) falls
+`test` split (a split without records is passed over, with a warning); otherwise the records whose content hash (SHA-256 of the canonical JSON) falls
 below --val-fraction (at least one). The split depends on nothing but the records: the same at
 every world size and --seed, duplicates never straddle it, and appending records does not move
 old ones.
@@ -284,7 +284,14 @@ def split_tables(name: str, splits: dict, split: str) -> tuple[Table, Table | No
         return Table(f"--dataset {name} split {key}",
                      rows if isinstance(rows, list) else rows.to_list())
 
-    held_out = next((s for s in VALIDATION_SPLITS if s in splits and s != split), None)
+    named = [s for s in VALIDATION_SPLITS if s in splits and s != split]
+    empty = [s for s in named if not len(splits[s])]  # a Hub split can have zero rows
+    held_out = next((s for s in named if s not in empty), None)
+    if empty:
+        log.warning("--dataset %s: its %s %s no records; validation uses %s", name,
+                    " and ".join(empty), "split has" if len(empty) == 1 else "splits have",
+                    f"its {held_out} split" if held_out else
+                    "--val-fraction of the training records, held out by content hash")
     return table(split), table(held_out) if held_out else None
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import logging
 import re
 import subprocess
 from pathlib import Path
@@ -327,6 +328,24 @@ def test_dataset_without_held_out_split_uses_the_fraction():
     assert dataset.split_tables("d", {"train": rows}, "train")[1] is None
     assert dataset.split_tables("d", {"train": rows, "test": rows}, "train")[1].name.endswith(
         "split test")
+
+
+def test_a_held_out_split_without_records_is_passed_over(caplog):
+    """Checked against split_tables' contract: a Hub dataset whose `validation` split has zero
+    rows uses its `test` split, and with both empty the fraction applies (prepare then holds
+    out by content hash); each time a warning names the empty split (before: zero validation
+    records and no validation loss, with only an info line)."""
+    rows = [{"text": "a"}]
+    with caplog.at_level(logging.WARNING, logger="training.dataset"):
+        _, held_out = dataset.split_tables("d", {"train": rows, "validation": [], "test": rows},
+                                           "train")
+        assert held_out.name.endswith("split test")
+        assert dataset.split_tables("d", {"train": rows, "validation": [], "test": []},
+                                    "train")[1] is None
+    assert "--dataset d: its validation split has no records; validation uses its test split" \
+        in caplog.text
+    assert "its validation and test splits have no records; validation uses --val-fraction" \
+        in caplog.text
 
 
 def test_evaluation_rows_cover_the_set_once_in_equal_batches():

@@ -89,6 +89,13 @@ def cluster_rules(s: Settings) -> list[Problem]:
     for cidr in c.public_access_cidrs:
         if not _is_cidr(cidr):
             problems.append(Problem("cluster.publicAccessCidrs", cidr, "give IPv4 CIDRs such as 203.0.113.0/24"))
+    if c.endpoint_public_access and not c.public_access_cidrs:
+        # EKS takes an empty list as unset and serves the endpoint to 0.0.0.0/0 (pulumi_aws
+        # eks ClusterVpcConfig.public_access_cidrs): the opposite of what an empty list says.
+        problems.append(Problem("cluster.publicAccessCidrs", [],
+                                "an empty list opens the public endpoint to the whole internet (EKS's "
+                                "default); list the CIDRs that may reach it, or set "
+                                "cluster.endpointPublicAccess: false"))
     if c.log_retention_days not in LOG_RETENTION_DAYS:
         problems.append(Problem("cluster.logRetentionDays", c.log_retention_days,
                                 f"use one of {', '.join(map(str, LOG_RETENTION_DAYS))} (CloudWatch Logs "

@@ -106,6 +106,9 @@ CASES = [
      "cluster.systemInstanceType", "give an EC2 instance type"),
     ("public-access-cidr-malformed", "p5", {"cluster.publicAccessCidrs": ["0.0.0.0/0", "office"]}, SECRETS,
      "cluster.publicAccessCidrs", "give IPv4 CIDRs"),
+    # pulumi_aws eks ClusterVpcConfig.public_access_cidrs: "EKS defaults this to a list with 0.0.0.0/0".
+    ("public-access-cidrs-empty", "p5", {"cluster.publicAccessCidrs": []}, SECRETS,
+     "cluster.publicAccessCidrs", "an empty list opens the public endpoint to the whole internet"),
     # GPU nodes (EC2 reservations and capacity blocks: docs/design.md#gpu-nodes-and-efa)
     ("gpu-min-above-desired", "p5", {"gpuNodes.minSize": 3, "gpuNodes.maxSize": 4}, SECRETS,
      "gpuNodes.minSize/desiredSize/maxSize", "maxSize >= 1"),
@@ -230,6 +233,8 @@ ACCEPTED = [
                                                         "existingPublicSubnetIds": ["subnet-9d4a7b6c"]}}),
     ("system-instance-type-with-options", "p5", {"cluster.systemInstanceType": "c7i-flex.2xlarge"}),
     ("public-access-cidrs", "p5", {"cluster.publicAccessCidrs": ["203.0.113.0/24"]}),
+    ("private-endpoint-without-cidrs", "p5",
+     {"cluster.endpointPublicAccess": False, "cluster.publicAccessCidrs": []}),
     ("gpu-min-equals-desired-equals-max", "p5", {"gpuNodes.minSize": 2}),
     ("reservation-id-17-hex", "p4de", {"gpuNodes.capacityReservationId": "cr-0123456789abcdef0"}),
     ("capacity-block-with-reservation", "p5", {"gpuNodes.capacityBlock": True,

@@ -16,7 +16,12 @@ from components.settings import Problem, Settings
 from components.settings_rules.cluster import cluster_rules, network_rules, open_endpoint_warning
 from components.settings_rules.fit import gpu_memory_rules, host_memory_rules
 from components.settings_rules.gpu_nodes import gpu_node_rules
-from components.settings_rules.job import context_warning, hsdp_straddles_nodes_warning, job_rules
+from components.settings_rules.job import (
+    context_warning,
+    hsdp_straddles_nodes_warning,
+    job_rules,
+    no_efa_across_nodes_warning,
+)
 from components.settings_rules.names import name_rules, region_rules
 from components.settings_rules.services import (
     no_alert_receiver_warning,
@@ -28,7 +33,7 @@ from components.settings_rules.services import (
 Rule = Callable[[Settings], list[Problem]]
 
 WARNINGS: list[Rule] = [open_endpoint_warning, no_alert_receiver_warning, hsdp_straddles_nodes_warning,
-                        context_warning]
+                        context_warning, no_efa_across_nodes_warning]
 """What preview warns about but accepts (``settings_parser.settings_warnings``)."""
 
 RULES: list[Rule] = [network_rules, cluster_rules, gpu_node_rules, job_rules, secret_rules,

@@ -75,6 +75,20 @@ def hsdp_straddles_nodes_warning(s: Settings) -> list[Problem]:
                     f"divisor or a multiple of {gpus}")]
 
 
+def no_efa_across_nodes_warning(s: Settings) -> list[Problem]:
+    """Without EFA, NCCL between nodes runs over TCP sockets on the instance's ENA network
+    (``via NET/Socket``, docs/design.md#gpu-nodes-and-efa): it works, at a fraction of the
+    fabric's speed, and the node check's inter-node floor scales to zero with it."""
+    _, hi = job_node_bounds(s.job)
+    if s.job.efa_per_node != 0 or hi < 2:
+        return []
+    return [Problem("job.efaPerNode", 0,
+                    f"a job of up to {hi} nodes without EFA: its collectives between nodes run over TCP "
+                    f"sockets instead of the {s.profile.efa_interfaces} EFA interfaces of {s.profile.instance_type}, "
+                    "many times slower, and the node check expects no fabric bandwidth; leave it unset "
+                    "for all of them")]
+
+
 def context_warning(s: Settings) -> list[Problem]:
     """A sequence longer than the model's trained context: positions beyond it were never trained
     (rotary embeddings extrapolate badly). The job fits it in memory; the quality is the risk."""

@@ -369,6 +369,22 @@ def test_hsdp_shard_groups_across_node_boundaries_are_a_warning():
     assert "job.hsdpShardSize = 4: does not divide the 6 GPUs per node" in warning
 
 
+@pytest.mark.parametrize("changes, warned", [
+    ({"job.efaPerNode": 0}, True),
+    ({"job.efaPerNode": 0, "job.nodes": 1, "job.minNodes": 1, "job.maxNodes": 2}, True),  # elastic up to 2
+    ({"job.efaPerNode": 0, "job.nodes": 1}, False),
+    ({"job.efaPerNode": 1}, False),
+])
+def test_a_multi_node_job_without_efa_is_a_warning(changes, warned):
+    """docs/design.md#gpu-nodes-and-efa: without EFA, NCCL between nodes falls back to TCP
+    (`via NET/Socket`). efaPerNode 0 is accepted (0..32 on p5), and preview warns whenever
+    the job can span two nodes; one node, or any EFA at all, gets no warning."""
+    found = warnings_on("job.efaPerNode", changed("p5", changes))
+    assert bool(found) == warned, found
+    if warned:
+        assert "without EFA: its collectives between nodes run over TCP sockets instead of the 32 EFA" in found[0]
+
+
 @pytest.mark.parametrize("seq_len, warned", [(8192, True), (4096, False)])
 def test_a_sequence_beyond_the_models_trained_context_is_a_warning(seq_len, warned):
     """Llama-2-7b-hf's config.json: max_position_embeddings 4096. At 8192 (fitting in memory with

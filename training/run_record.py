@@ -42,13 +42,16 @@ def run_record(cfg: JobConfig, world_size: int, data: dict) -> dict:
 
 def record_problem(record) -> str | None:
     """What keeps a RUN.json's content from being a record of `run_record`'s shape (settings,
-    world size, the rows' fingerprint), or None."""
+    world size, the rows' fingerprint; the batch sizes, where present, whole numbers: `compare`
+    multiplies them), or None."""
     data = record.get("data") if isinstance(record, dict) else None
-    if (isinstance(record, dict) and isinstance(record.get("settings"), dict)
-            and isinstance(record.get("world_size"), int) and isinstance(data, dict)
-            and all(isinstance(data.get(k), int) for k in ("rows", "crc32"))):
+    settings = record.get("settings") if isinstance(record, dict) else None
+    if (isinstance(settings, dict) and isinstance(record.get("world_size"), int)
+            and all(isinstance(settings.get(k, 1), int) for k in BATCH_SETTINGS[1:])
+            and isinstance(data, dict) and all(isinstance(data.get(k), int) for k in ("rows", "crc32"))):
         return None
-    return "is not a run record (an object with settings, world_size and data's rows and crc32)"
+    return ("is not a run record (an object with settings, world_size and data's rows and crc32, "
+            "whole numbers)")
 
 
 def _named(name: str) -> str:

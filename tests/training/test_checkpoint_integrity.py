@@ -133,6 +133,9 @@ RUN_RECORD_DAMAGE = {
     "a JSON list": ("[]", f"{RUN_RECORD} is not a run record"),
     "without world size": (json.dumps({"settings": RECORD["settings"], "data": RECORD["data"]}),
                            f"{RUN_RECORD} is not a run record"),
+    "a batch size that is not a number": (
+        json.dumps({**RECORD, "settings": {**RECORD["settings"], "batch_size": None}}),
+        f"{RUN_RECORD} is not a run record"),
 }
 
 

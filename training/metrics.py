@@ -160,8 +160,22 @@ def _last_byte(path: str) -> bytes:
         return b""
 
 
+def _strict(value):
+    """``value`` with every float that is not finite as None: JSON has no NaN or Infinity
+    (Python's json would write the bare words, which jq and JavaScript refuse). The log line
+    and the run's error say which it was."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    return value
+
+
 class JsonLines:
-    """Appends one JSON object per line (rank 0 only); flushed per line so a crash loses none.
+    """Appends one JSON object per line (rank 0 only, strict JSON: a NaN or infinite value is
+    null); flushed per line so a crash loses none.
 
     A writer killed inside a write can leave a last line without its newline; a restarted run
     ends that line first, so the damage stays on one line and every new record parses."""
@@ -177,7 +191,7 @@ class JsonLines:
 
     def write(self, record: dict) -> None:
         if self.file:
-            self.file.write(json.dumps(record) + "\n")
+            self.file.write(json.dumps(_strict(record), allow_nan=False) + "\n")
             self.file.flush()
 
     def close(self) -> None:

@@ -175,8 +175,9 @@ def test_weights_that_are_not_finite_stop_the_run_before_anything_is_saved(tmp_p
     """Checked against the definition of a usable checkpoint (finite weights): the tiny
     preset's final norm set to +inf, as a damaged conversion leaves it, makes the first step's
     loss NaN. The run ends with status 1 and one error naming the step, the loss and the way
-    out; that step's metrics record is written, and no checkpoint exists although one is due
-    after every step (before: the run saved NaN weights every step and exported them)."""
+    out; that step's metrics record is written (its loss null: JSON has no NaN), and no
+    checkpoint exists although one is due after every step (before: the run saved NaN weights
+    every step and exported them)."""
     from safetensors.torch import load_file, save_file
 
     model = tiny.materialize(tmp_path / "model", seed=7)
@@ -193,7 +194,8 @@ def test_weights_that_are_not_finite_stop_the_run_before_anything_is_saved(tmp_p
     assert "step 1: the training loss is nan" in error
     assert "the run stops without saving them" in error and "--learning-rate" in error
     steps = [r for r in records_of(metrics) if "train/step" in r]
-    assert [r["train/step"] for r in steps] == [1] and steps[0]["train/loss"] != steps[0]["train/loss"]
+    assert [r["train/step"] for r in steps] == [1] and steps[0]["train/loss"] is None
+    assert "NaN" not in metrics.read_text()  # strict JSON: the NaN is null
     assert not list(ckpt.glob("step_*")) and not (tmp_path / "out").exists()
 
 

@@ -27,7 +27,8 @@ record, or whose DCP load fails without a manifest to vouch for it, is moved asi
 a run never starts from step 0 while a sound checkpoint exists. A checkpoint that verifies but
 does not load is not damaged: the model or config differs from the run that wrote it, which is
 the user's to fix (an error, nothing moved); so is a file or directory of the checkpoint this
-process may not read (permissions: an error naming it, nothing moved). Every decision is taken from collectives, so it is the same on all ranks.
+process cannot read (permissions, an I/O error: an error naming it on every rank, nothing
+moved). Every decision is taken from collectives, so it is the same on all ranks.
 
 Checksum: CRC32 (zlib, in the standard library; 2.8 GiB/s on one core of this repository's CI
 machine against 0.58 GiB/s for SHA-256; it releases the GIL, so hashing in the background
@@ -257,8 +258,8 @@ def manifest_entries(files: list[Path]) -> dict[str, dict]:
 
 
 def check_file(directory: Path, name: str, expected: dict) -> str | None:
-    """What is wrong with one file of a checkpoint, or None; PermissionError where this process
-    may not read it."""
+    """What is wrong with one file of a checkpoint, or None; OSError (PermissionError, EIO)
+    where this process cannot read it."""
     path = directory / name
     if not _is_file(path):
         return f"{name} is missing"
@@ -423,7 +424,7 @@ class Checkpointer:
         try:
             mine = [p for name in names[self.env.rank::self.env.world_size]
                     if (p := check_file(path, name, manifest[name])) is not None]
-        except PermissionError as e:
+        except OSError as e:  # what this rank cannot read (missing files are check_file's)
             mine, refusal = [], _unreadable(e)
         everyone: list = [None] * self.env.world_size
         dist.all_gather_object(everyone, (mine, refusal))

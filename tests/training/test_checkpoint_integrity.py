@@ -242,6 +242,24 @@ def test_a_file_system_error_is_one_error_and_sets_nothing_aside(env, tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000004"]
 
 
+def test_a_file_system_error_while_verifying_is_one_error(env, tmp_path, monkeypatch):
+    """Checked against errno's EIO raised while a rank reads a shard to verify it: the same
+    single UserError on every rank (gathered with the verification, so no rank waits for the
+    others until the collective timeout), naming the shard; nothing is set aside as damaged."""
+    import errno
+
+    _saved(tmp_path, env)
+
+    def failing(path: Path) -> int:
+        raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+
+    monkeypatch.setattr("training.checkpoint.file_crc32", failing)
+    model, optimizer, trainer = _job()
+    with pytest.raises(UserError, match=r"reading \S+step_00000004\S* failed \(Input/output error\)"):
+        Checkpointer(str(tmp_path), 2, env).resume(model, optimizer, trainer)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000004"]
+
+
 def test_sound_checkpoints_load_the_newest_without_warnings(env, tmp_path, caplog):
     """Checked against the saved weights (the case where nothing should change): no damage,
     resume takes step 4, sets nothing aside and warns about nothing."""

@@ -206,7 +206,7 @@ class DataConfig(_Section):
              "name record fields in braces, e.g. {dialogue}; '{}' and '{0}' name none"),
             (not accessed, "prompt_template",
              f"names {', '.join('{' + e + '}' for e in accessed)}: a field's attribute or index "
-             "is not its text; name the field alone, e.g. {" + (self.prompt_field or "") + "}"),
+             f"is not its text; name the field alone, e.g. {{{self.prompt_field}}}"),
             (self.prompt_field in names, "prompt_template",
              f"must name the prompt field as {{{self.prompt_field}}}; it names "
              f"{', '.join('{' + n + '}' for n in names if n) or 'no field'}"),

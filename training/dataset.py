@@ -13,8 +13,8 @@ are tokenized separately, so a response's tokens are exactly what the model prod
 prompt at inference.
 
 Validation: a Hugging Face dataset's (or a dataset directory's) `validation` split, else its
-`test` split (a split without records is passed over, with a warning); otherwise the records whose content hash (SHA-256 of the canonical JSON) falls
-below --val-fraction (at least one). The split depends on nothing but the records: the same at
+`test` split (a split without records is passed over, with a warning); otherwise the records
+whose content hash (SHA-256 of the canonical JSON) falls below --val-fraction (at least one). The split depends on nothing but the records: the same at
 every world size and --seed, duplicates never straddle it, and appending records does not move
 old ones.
 

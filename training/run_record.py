@@ -47,7 +47,7 @@ def record_problem(record) -> str | None:
     data = record.get("data") if isinstance(record, dict) else None
     settings = record.get("settings") if isinstance(record, dict) else None
     if (isinstance(settings, dict) and isinstance(record.get("world_size"), int)
-            and all(isinstance(settings.get(k, 1), int) for k in BATCH_SETTINGS[1:])
+            and all(isinstance(settings.get(k, 1), int) for k in ("batch_size", "grad_accum"))
             and isinstance(data, dict) and all(isinstance(data.get(k), int) for k in ("rows", "crc32"))):
         return None
     return ("is not a run record (an object with settings, world_size and data's rows and crc32, "

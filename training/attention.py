@@ -10,14 +10,18 @@ or partial. Empty tiles (every pair of tokens from two different documents) are 
 row of about 13 documents of 300 tokens costs about a tenth of the causal square.
 
 How it plugs into transformers: the model is built with `attn_implementation=PACKED_ATTENTION`,
-registered here in transformers' attention interface (and, for the mask, as SDPA's mask
-builder). The loss forward (training/loss.py) builds one `BlockMask` per micro-batch from the
-position ids (`document_block_mask`) and passes it as the model's `attention_mask`; transformers
-hands a ready 4-D mask to every layer unchanged. The attention function runs FlexAttention when
-it receives a `BlockMask`, and transformers' own SDPA function for anything else (no mask: a
-plain causal kernel, cuDNN on H100/H200; a dense mask: the masked kernel, as before). Weights,
-parameter names and checkpoints are those of the Hugging Face model; only the forward's kernel
-differs.
+registered here in transformers' attention interface and deliberately not as a mask builder:
+transformers then builds no mask of its own and never looks at the position ids. (With a mask
+builder, it checks every forward whether the position ids restart, and that check reads a value
+back from the GPU: a host sync per step, after which the GPU waits for the host to queue the
+rest of the step.) The loss forward (training/loss.py) passes the mask itself
+(`attention_mask`): none for rows of one document each (the plain causal kernel, cuDNN on
+H100/H200), one `BlockMask` per micro-batch for packed rows on the FlexAttention path
+(`document_block_mask`), else the dense block-diagonal causal mask (`dense_document_mask`).
+transformers hands a 4-D mask to every layer unchanged. The attention function runs
+FlexAttention when it receives a `BlockMask`, and transformers' own SDPA function for anything
+else. Weights, parameter names and checkpoints are those of the Hugging Face model; only the
+forward's kernel differs.
 
 CPU: FlexAttention has no backward on the CPU in torch 2.11 to 2.13, so CPU training keeps the
 dense-mask SDPA path (the block mask is built only on CUDA: `use_document_mask`). Its forward
@@ -40,6 +44,26 @@ def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
     position id is 0 (the padding after the last document restarts too, so it is a document of
     its own, which no earlier token can attend to)."""
     return (position_ids == 0).cumsum(-1)
+
+
+def dense_document_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """The block-causal mask of packed rows as SDPA's dense boolean mask [batch, 1, seq, seq]
+    (True: attend): token q attends to token k when k <= q and both belong to the same
+    document. The whole square is materialised and attention runs its masked kernel over it
+    (the CPU's path, and --packed-attention sdpa)."""
+    docs = document_ids(position_ids)
+    seq = docs.shape[-1]
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=docs.device).tril()
+    return ((docs[:, :, None] == docs[:, None, :]) & causal)[:, None]
+
+
+def attention_mask(position_ids: torch.Tensor | None, block: bool):
+    """The mask the loss forward passes to the model: None for rows of one document each (no
+    position ids: positions 0..n-1 and the plain causal kernel), a `BlockMask` for packed rows
+    on the FlexAttention path (`block`, `use_document_mask`), else the dense mask."""
+    if position_ids is None:
+        return None
+    return document_block_mask(position_ids) if block else dense_document_mask(position_ids)
 
 
 TILE = 128
@@ -130,10 +154,9 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
 
 
 def register() -> str:
-    """Register PACKED_ATTENTION with transformers (idempotent); returns its name."""
+    """Register PACKED_ATTENTION with transformers' attention interface (idempotent) and return
+    its name. Not as a mask builder: see the module docstring."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     AttentionInterface.register(PACKED_ATTENTION, packed_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_ATTENTION, sdpa_mask)
     return PACKED_ATTENTION

@@ -233,26 +233,37 @@ def _stepper(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, model: nn.M
              scheduler: torch.optim.lr_scheduler.LRScheduler,
              packing: list[torch.Tensor]) -> Callable[[], tuple]:
     """`finetune.train_step` on fresh random rows (uniform random tokens, or packed documents
-    with --doc-lengths; each micro-batch's documents per row are appended to `packing`), as a
-    call without arguments."""
+    with --doc-lengths; each micro-batch's documents per row are appended to `packing` when a
+    step takes it), as a call without arguments.
+
+    Each step's rows are drawn and sent to the device while the step before runs, as the
+    fine-tune's rows are packed before its first step: drawing and packing ~40 random documents
+    in Python takes the host milliseconds, which the step right after the warm-up's barrier
+    (an empty GPU queue) would otherwise wait for."""
     gen = torch.Generator().manual_seed(cfg.train.seed * 1000 + env.rank)
     b, s, vocab = cfg.train.batch_size, cfg.data.seq_len, model.config.vocab_size
     lengths = document_lengths(args.doc_lengths) if args.doc_lengths else None
 
-    def micro_batch() -> tuple[torch.Tensor, ...]:
+    def micro_batch() -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+        """(the device batch, documents per row or None for uniform random tokens)."""
         if lengths is None:
             tokens = torch.randint(0, vocab, (b, s + 1), generator=gen)
-            return tokens[:, :-1], tokens[:, 1:]
+            return batch_to_device((tokens[:, :-1], tokens[:, 1:]), env.device), None
         rows = packed_rows(gen, vocab, b, s, lengths)
-        packing.append(rows.documents)
-        return rows.batch(torch.arange(b))
+        return batch_to_device(rows.batch(torch.arange(b)), env.device), rows.documents
 
-    def micro_batches():
-        return [batch_to_device(micro_batch(), env.device) for _ in range(cfg.train.grad_accum)]
+    def micro_batches() -> list:
+        return [micro_batch() for _ in range(cfg.train.grad_accum)]
+
+    ahead = [micro_batches()]
 
     def step():
-        return train_step(model, parallel, optimizer, scheduler, micro_batches(),
-                          cfg.optim.max_grad_norm, env)
+        batches = ahead.pop()
+        packing.extend(docs for _, docs in batches if docs is not None)
+        result = train_step(model, parallel, optimizer, scheduler, [batch for batch, _ in batches],
+                            cfg.optim.max_grad_norm, env)
+        ahead.append(micro_batches())  # the next step's, while this one runs
+        return result
 
     return step
 

@@ -26,10 +26,8 @@ document's position ids restart at 0, and the target of each document's last tok
 
 How packing and attention interact: position ids that restart mark the documents. On CUDA
 the loss forward builds a block-causal FlexAttention mask from them (training/attention.py);
-otherwise (`--packed-attention sdpa`, or the CPU) transformers' mask builder
-(`find_packed_sequence_indices` in transformers/masking_utils.py, used when no attention mask
-and no cache are given) turns the causal mask into a dense block-diagonal one for a masked SDPA
-kernel. Either way a document attends only to its own earlier tokens, at the positions it
+otherwise (`--packed-attention sdpa`, or the CPU) a dense block-diagonal causal mask for a
+masked SDPA kernel (`attention.dense_document_mask`). Either way a document attends only to its own earlier tokens, at the positions it
 would have alone, and no target crosses a boundary: its logits and loss are those of the
 document alone (tests/training/test_data.py checks it to 1e-5 on the tiny model for both paths,
 and that the test fails when the positions do not restart). A batch whose rows each hold one

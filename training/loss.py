@@ -103,11 +103,10 @@ def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor,
 def _loss_forward(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor,
                   position_ids: torch.Tensor | None = None, *, fused: bool,
                   document_mask: bool, chunk_loss) -> torch.Tensor:
-    # Position ids that restart per packed document: a block-causal BlockMask for FlexAttention
-    # (training/attention.py), or, without one, transformers builds a dense block-diagonal
-    # causal mask for SDPA (training/dataset.py's docstring). No cache, so none is built.
-    mask = (attention.document_block_mask(position_ids)
-            if document_mask and position_ids is not None else None)
+    # Position ids that restart per packed document: a block-causal BlockMask for FlexAttention,
+    # else a dense block-diagonal causal mask; no position ids: no mask, the plain causal kernel
+    # (training/attention.py). No cache, so none is built.
+    mask = attention.attention_mask(position_ids, block=document_mask)
     hidden = model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                          use_cache=False).last_hidden_state
     head = model.get_output_embeddings()

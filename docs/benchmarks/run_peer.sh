@@ -47,9 +47,13 @@ titan() {  # NAME LIMIT FLAGS...
     --steps 10 --warmup 3 "$@"
 }
 
-phasepeer() {
+versions() {  # the GPU and the software, into the log
   { nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version --format=csv
     $PY -c 'import torch, transformers; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), transformers.__version__)'; } 2>&1 | tee -a "$LOG"
+}
+
+phasepeer() {
+  versions
   ours ours-16l-none 110 $SHAPE --layers 16 --activation-checkpointing none --compile
   titan titan-16l-none 110 --layers 16 --ac none
   ours ours-16l-fp8 110 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8 --profile-steps 1
@@ -164,8 +168,7 @@ PACKED="--doc-lengths 200:400"  # samsum-like records: about 13 documents per ro
 phasepacked() {  # packed rows: the attention kernels alone, the packed-loss test on the GPU,
   # then the bench plain, packed on the old dense-mask path, packed on FlexAttention, and
   # torchtitan's block-causal FlexAttention on the same rows
-  { nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version --format=csv
-    $PY -c 'import torch, transformers; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), transformers.__version__)'; } 2>&1 | tee -a "$LOG"
+  versions
   run_limited attn-bench 150 $PY benchmarks/packed_attention_bench.py $PACKED --out "$WORK/json"
   grep -h "^sdpa\|^flex\|^varlen" "$LOG" | tail -5
   run_limited gpu-test 150 $PY -m pytest -x -q -p no:cacheprovider tests/training/test_data.py \
@@ -207,13 +210,13 @@ phasemask() {  # the block mask built from the documents' tile ranges (no longer
 
 pairs() {  # ours and torchtitan on each named setup: none (16 layers, no AC), fp8 (the same in
   # float8, tensorwise), packed (16 layers, no AC, samsum-like packed rows, block-causal
-  # FlexAttention on both sides), full (Llama-2-7B, full AC); FLAGS go to ours only
+  # FlexAttention on both sides), full (Llama-2-7B, full AC); $OURS_FLAGS go to ours only
   local setup; for setup in "$@"; do case $setup in
     none) ours ours-16l-none 100 $SHAPE --layers 16 --activation-checkpointing none --compile ${OURS_FLAGS:-}
           titan titan-16l-none 100 --layers 16 --ac none ;;
-    fp8) ours ours-16l-fp8 100 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8
+    fp8) ours ours-16l-fp8 100 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8 ${OURS_FLAGS:-}
          titan titan-16l-fp8 100 --layers 16 --ac none --float8 ;;
-    packed) ours ours-16l-packed-flex 100 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED
+    packed) ours ours-16l-packed-flex 100 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED ${OURS_FLAGS:-}
             titan titan-16l-packed-flex 120 --layers 16 --ac none $PACKED --attn flex ;;
     full) ours ours-7b-full 110 $SHAPE --activation-checkpointing full --compile
           titan titan-7b-full 110 --layers 32 --ac full ;;
@@ -222,8 +225,7 @@ pairs() {  # ours and torchtitan on each named setup: none (16 layers, no AC), f
 
 phaseloss() {  # the fused loss's per-chunk arithmetic compiled: the four pairs (one profiled
   # step of ours without AC), then the float8 recipes' speed beside tensorwise
-  { nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version --format=csv
-    $PY -c 'import torch, transformers; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), transformers.__version__)'; } 2>&1 | tee -a "$LOG"
+  versions
   OURS_FLAGS="--profile-steps 1" pairs none
   pairs fp8 packed full
   ours ours-16l-fp8-rowwise 100 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8 --float8-recipe rowwise
@@ -237,6 +239,20 @@ phaserecipes() {  # the float8 recipes' convergence, then a second same-call sam
 
 phasethird() {  # a third sample of the four pairs
   pairs none fp8 packed full
+}
+
+phasesync() {  # the package builds every attention mask itself (transformers' mask builder
+  # read a value back from the GPU every forward) and the bench draws each step's rows while
+  # the step before runs: the packed-loss tests on the GPU, the three 1-GPU pairs (two profiled
+  # float8 steps of ours), then ours again on float8 and packed rows (stall criterion)
+  versions
+  run_limited gpu-test 120 $PY -m pytest -x -q -p no:cacheprovider --noconftest \
+    tests/training/test_data.py -k "packed or one_document or mask"
+  pairs none
+  OURS_FLAGS="--profile-steps 2" pairs fp8
+  pairs packed
+  ours ours-16l-fp8-2 100 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8
+  ours ours-16l-packed-flex-2 100 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED
 }
 
 "phase$PHASE"

@@ -136,7 +136,7 @@ def test_packed_document_has_the_loss_it_has_alone(path, tokenizer):
     """Checked against the document alone: packed after another one in the same row, a
     document's per-token losses on the tiny model equal its losses alone within 1e-5, because
     its position ids restart and attention is masked per document: by transformers' dense
-    block-diagonal mask (sdpa) or by the package's block mask for FlexAttention
+    block-diagonal mask (sdpa) or by the block mask for FlexAttention, both the package's own
     (training/attention.py; on a GPU through compiled decoder layers, as in training). The
     same row with ordinary positions (0..n-1, one causal block) differs by more than 1e-3: the
     check can see cross-document attention."""
@@ -161,7 +161,7 @@ def test_packed_document_has_the_loss_it_has_alone(path, tokenizer):
 
     def token_losses(data, positions):
         positions = positions.to(DEVICE)
-        mask = attention.document_block_mask(positions) if path == "flex" else None
+        mask = attention.attention_mask(positions, block=path == "flex")
         with torch.no_grad():
             hidden = model.model(input_ids=data.inputs.to(DEVICE), position_ids=positions,
                                  attention_mask=mask, use_cache=False).last_hidden_state
@@ -215,6 +215,43 @@ def test_rows_of_one_document_take_the_causal_kernel():
     alone, shared = data.batch(torch.tensor([0])), data.batch(torch.tensor([0, 1]))
     assert len(alone) == 2 and len(shared) == 3
     torch.testing.assert_close(shared[2], data.positions)
+
+
+def test_the_package_builds_every_mask_and_transformers_none(monkeypatch):
+    """Checked against transformers' stock SDPA model with the same weights: the loss forward
+    of rows of one document (no position ids, no mask) gives the same loss, so attention is
+    still causal; and neither it nor a packed batch's forward reaches transformers' mask
+    builder, whose packed-sequence check reads a value back from the GPU every forward (a
+    host sync per step). The stock model does reach it: the trap below can fire."""
+    from transformers import LlamaConfig, LlamaForCausalLM, masking_utils
+
+    from training import attention, loss
+
+    torch.manual_seed(0)
+    ours = LlamaForCausalLM._from_config(LlamaConfig(**tiny.LLAMA_KWARGS),
+                                         attn_implementation=attention.register()).eval()
+    stock = LlamaForCausalLM._from_config(LlamaConfig(**tiny.LLAMA_KWARGS),
+                                          attn_implementation="sdpa").eval()
+    stock.load_state_dict(ours.state_dict())
+    loss.install_loss_forward(ours, fused=False)
+    loss.install_loss_forward(stock, fused=False)
+    tokens = torch.randint(3, tiny.LLAMA_KWARGS["vocab_size"], (2, 65),
+                           generator=torch.Generator().manual_seed(1))
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    with torch.no_grad():
+        expected = stock(inputs, labels)
+
+    def trap(*args, **kwargs):
+        raise AssertionError("transformers' packed-sequence check ran")
+
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", trap)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(inputs, labels), expected, rtol=1e-6, atol=0)
+        positions = torch.cat([torch.arange(20), torch.arange(44)])[None].expand(2, -1)
+        packed = ours(inputs, labels, positions)
+        with pytest.raises(AssertionError, match="packed-sequence check"):
+            stock(inputs, labels)
+    assert abs(float(packed) - float(expected)) > 1e-3  # the packed rows were masked otherwise
 
 
 def test_rows_hold_whole_documents_and_long_ones_are_cut(tokenizer):

@@ -51,6 +51,7 @@ from training.errors import UserError  # noqa: E402
 from training.finetune import (build_model, run_description,  # noqa: E402
                                parallelize_model, set_runtime_defaults, train_step)
 from training.gc_schedule import GcSchedule  # noqa: E402
+from training.gpu_clocks import ClockSampler, per_step  # noqa: E402
 from training.logs import setup_logging  # noqa: E402
 from training.metrics import peak_flops, perf_metrics  # noqa: E402
 from training.optim import build_optimizer, build_scheduler  # noqa: E402
@@ -290,13 +291,16 @@ def _warm_up(args: argparse.Namespace, step: Callable[[], tuple], device: torch.
 
 def _timed_steps(args: argparse.Namespace, step: Callable[[], tuple], device: torch.device,
                  losses: list[torch.Tensor],
-                 collector: GcSchedule) -> tuple[list[float], float]:
+                 collector: GcSchedule) -> tuple[list[float], float, list[dict] | None]:
     """--bench-steps steps without a host sync between them (unless --sync-every-step);
     appends their losses. Returns (each step's time, from CUDA events on a GPU; the wall-clock
-    time of all of them)."""
+    time of all of them; each step's mean SM clock and power where NVML can be read, else
+    None: training/gpu_clocks.py)."""
     cuda = device.type == "cuda"
     events = [torch.cuda.Event(enable_timing=True)] if cuda else []
+    clocks = ClockSampler(device.index or 0) if cuda else None
     if cuda:
+        clocks.start()
         events[0].record()
     stamps = [time.perf_counter()]
     for i in range(args.bench_steps):
@@ -311,9 +315,11 @@ def _timed_steps(args: argparse.Namespace, step: Callable[[], tuple], device: to
         stamps.append(time.perf_counter())
     _sync(device)
     wall = time.perf_counter() - stamps[0]
-    if cuda:
-        return [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])], wall
-    return [b - a for a, b in zip(stamps, stamps[1:])], wall
+    if not cuda:
+        return [b - a for a, b in zip(stamps, stamps[1:])], wall, None
+    times = [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
+    samples = clocks.stop()
+    return times, wall, (per_step(samples, stamps[0], times) if clocks.available else None)
 
 
 def _profile(args: argparse.Namespace, cfg: JobConfig, env: DistEnv,
@@ -354,7 +360,7 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
     step = _stepper(args, cfg, env, model, parallel, optimizer, scheduler, packing)
     collector = GcSchedule(args.gc_every)
     losses = _warm_up(args, step, device, timings)
-    step_times, wall = _timed_steps(args, step, device, losses, collector)
+    step_times, wall, clocks = _timed_steps(args, step, device, losses, collector)
     collector.close()
     if args.profile_steps:
         _profile(args, cfg, env, step)
@@ -363,6 +369,7 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
     setup = _setup_record(args, cfg, env, model, parallel, source)
     record = {**setup, **_speed_record(args, cfg, env, setup["run/flops_per_token"], step_times,
                                        wall),
+              "gpu_clock_per_step": clocks,
               "packed": _packing_record(args, packing),
               "losses": [float(t) for t in losses],
               "memory_gib": _memory(args, env, model, probe),

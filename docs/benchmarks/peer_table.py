@@ -2,7 +2,8 @@
 (peer_torchtitan.py), ratio = ours / torchtitan tokens/s/GPU, each side's slowest timed step
 over its median (a stall shows there); and where `ours-NAME-fsdp`
 ran too (fully_shard at world size 1 with PyTorch's fused AdamW), how far the local path's
-losses are from it, step by step.  python peer_table.py DIR"""
+losses are from it, step by step; then each run's timed steps beside the GPU's mean SM clock
+during each (training/gpu_clocks.py), where it was sampled.  python peer_table.py DIR"""
 
 import glob
 import sys
@@ -49,6 +50,12 @@ def main(folder: str) -> None:
             print(f"{tag} vs {tag}-fsdp: {len(diffs)} losses, largest relative difference "
                   f"{max(diffs):.2e} (step {diffs.index(max(diffs)) + 1}); tokens/s ratio "
                   f"{r['perf/tokens_per_s_per_gpu'] / fsdp['perf/tokens_per_s_per_gpu']:.3f}")
+    for tag, r in runs.items():
+        clocks = r.get("gpu_clock_per_step")
+        if clocks:
+            steps = " ".join(f"{t * 1e3:.0f}@{c['sm_clock_mhz']:.0f}" if c["sm_clock_mhz"] else
+                             f"{t * 1e3:.0f}@-" for t, c in zip(r["step_times_s"], clocks))
+            print(f"{tag}: step ms @ SM MHz: {steps}")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ import time
 import types
 from pathlib import Path
 
+from training.gpu_clocks import ClockSampler, per_step
+
 
 def _stub_datasets() -> None:
     try:
@@ -201,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.distributed.barrier()
     torch.cuda.reset_peak_memory_stats(device)
     events = [torch.cuda.Event(enable_timing=True)]
+    clocks = ClockSampler(device.index or 0)  # the SM clock per step, as training.bench records it
+    clocks.start()
     events[0].record()
     stamp = time.perf_counter()
     for _ in range(args.steps):
@@ -210,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.cuda.synchronize(device)
     wall = time.perf_counter() - stamp
     times = [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])]
+    samples = clocks.stop()
     if args.profile_steps:
         from torch.profiler import ProfilerActivity, profile
 
@@ -245,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         "step_time_s": {"median": statistics.median(times), "min": min(times), "max": max(times),
                         "max_over_median": max(times) / statistics.median(times)},
         "step_times_s": times,
+        "gpu_clock_per_step": per_step(samples, stamp, times) if clocks.available else None,
         "first_step_s": first,
         "memory_gib": {"peak_allocated": torch.cuda.max_memory_allocated(device) / 2**30,
                        "peak_reserved": torch.cuda.max_memory_reserved(device) / 2**30},

@@ -255,6 +255,16 @@ phasesync() {  # the package builds every attention mask itself (transformers' m
   ours ours-16l-packed-flex-2 100 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED
 }
 
+phaseclocks() {  # the GPU's SM clock beside every timed step (training/gpu_clocks.py): the
+  # float8 pair after 3 warm-up steps, then after 10 (is the slow first step the GPU's power
+  # management settling after the compile's idle seconds?), then the other pairs again
+  pairs fp8
+  ours ours-16l-fp8-w10 100 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8 --bench-warmup 10
+  titan titan-16l-fp8-w10 100 --layers 16 --ac none --float8 --warmup 10
+  pairs none packed full
+  ours ours-16l-none-2 100 $SHAPE --layers 16 --activation-checkpointing none --compile
+}
+
 "phase$PHASE"
 pack
 echo "--- phase $PHASE done at $(elapsed) s"

@@ -458,3 +458,18 @@ def test_gc_schedule_collects_only_every_n_steps():
     finally:
         gc.callbacks.remove(record)
         gc.enable()
+
+
+def test_gpu_clock_samples_are_cut_into_the_steps_that_ran_back_to_back():
+    """Checked against the step windows worked out by hand: steps of 0.1 s and 0.2 s from
+    t=10 s own the samples at 10.05 s and at 10.15 s / 10.25 s; a sample before the start or
+    after the last step belongs to none, and a step no sample fell inside has no mean."""
+    from training.gpu_clocks import Sample, per_step
+
+    samples = [Sample(9.99, 500.0, 50.0), Sample(10.05, 1000.0, 600.0),
+               Sample(10.15, 1200.0, 700.0), Sample(10.25, 1400.0, 650.0),
+               Sample(10.35, 1500.0, 100.0)]
+    assert per_step(samples, 10.0, [0.1, 0.2, 0.04]) == [
+        {"sm_clock_mhz": 1000.0, "power_w": 600.0},
+        {"sm_clock_mhz": 1300.0, "power_w": 675.0},
+        {"sm_clock_mhz": None, "power_w": None}]

@@ -74,7 +74,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--float8", action="store_true")
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=10)  # as training.bench's --bench-warmup
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--out", default="/tmp/peer")
     p.add_argument("--tag", default="")

@@ -20,7 +20,8 @@ HERE=$(pwd)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site whl/*.whl >>"$LOG" 2>&1 && echo "wheels installed" | tee -a "$LOG"
 export PYTHONPATH=/tmp/site:$HERE
-SHAPE="--shape llama2-7b --seq-len 4096 --batch-size 3 --bench-steps 10 --bench-warmup 3"
+SHAPE="--shape llama2-7b --seq-len 4096 --batch-size 3 --bench-steps 10"
+WARMUP=${WARMUP:-3}  # untimed steps of both sides (phase warm and later: 10); a run's own flag wins
 
 elapsed() { echo $(( $(date +%s) - START )); }
 pack() { tar czf "$OUT/results-$PHASE.tgz" --exclude='*.trace.json.gz' -C "$WORK" json 2>/dev/null; }
@@ -38,13 +39,13 @@ run_limited() {  # NAME LIMIT_S COMMAND...
 ours() {  # NAME LIMIT FLAGS...
   local name=$1 limit=$2; shift 2
   run_limited "$name" "$limit" $PY -m torch.distributed.run --standalone --nproc-per-node 1 \
-    -m training.bench --tag "$name" --out "$WORK/json" "$@"
+    -m training.bench --tag "$name" --out "$WORK/json" --bench-warmup "$WARMUP" "$@"
 }
 titan() {  # NAME LIMIT FLAGS...
   local name=$1 limit=$2; shift 2
   run_limited "$name" "$limit" $PY -m torch.distributed.run --standalone --nproc-per-node 1 \
     benchmarks/peer_torchtitan.py --tag "$name" --out "$WORK/json" --batch-size 3 --seq-len 4096 \
-    --steps 10 --warmup 3 "$@"
+    --steps 10 --warmup "$WARMUP" "$@"
 }
 
 versions() {  # the GPU and the software, into the log
@@ -263,6 +264,14 @@ phaseclocks() {  # the GPU's SM clock beside every timed step (training/gpu_cloc
   titan titan-16l-fp8-w10 100 --layers 16 --ac none --float8 --warmup 10
   pairs none packed full
   ours ours-16l-none-2 100 $SHAPE --layers 16 --activation-checkpointing none --compile
+}
+
+phasewarm() {  # 10 warm-up steps on both sides (the clock settles: phase clocks): the three
+  # 16-layer pairs again, and ours in float8 again (stall criterion: three runs each)
+  WARMUP=10
+  pairs fp8 none packed
+  ours ours-16l-fp8-2 100 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8
+  pairs full
 }
 
 "phase$PHASE"

@@ -70,6 +70,8 @@ from training.parallel import (
 from training.prometheus import check_port
 from training.reporting import MetricsLogger
 from training.run_record import data_fingerprint, run_record
+from training.termination import EXIT_CODE as TERMINATED_EXIT_CODE
+from training.termination import Terminated, TerminationRequest
 
 log = logging.getLogger("training")
 
@@ -408,10 +410,22 @@ def _stop_if_not_finite(record: dict, ckpt: Checkpointer | None) -> None:
         "--learning-rate (or with --max-grad-norm), or check the model's weights and the data.")
 
 
+def _stop_on_termination(run: _Run, out: MetricsLogger, step: int, saved: bool) -> None:
+    """A rank was sent SIGTERM: save `step` (unless the loop just did), complete the save on
+    every rank, and stop (training/termination.py)."""
+    if run.ckpt:
+        if not saved:
+            run.ckpt.save(step, run.model, run.optimizer, run.state, {})
+            out.checkpoint()
+        run.ckpt.close()
+    raise Terminated(step, saved=run.ckpt is not None)
+
+
 def _train(cfg: JobConfig, run: _Run, out: MetricsLogger, flops_token: float, env: DistEnv,
-           faults: Faults | None) -> list[dict] | None:
-    """The loop: step, evaluate and checkpoint when they are due, report. Returns the steps'
-    metrics, or None where a test's fault hook stopped the run."""
+           faults: Faults | None, termination: TerminationRequest) -> list[dict] | None:
+    """The loop: step, evaluate and checkpoint when they are due, report, stop on SIGTERM
+    (`_stop_on_termination`). Returns the steps' metrics, or None where a test's fault hook
+    stopped the run."""
     peak = peak_flops(env.device)
     history: list[dict] = []
     for step in range(run.state.step + 1, run.total + 1):
@@ -421,7 +435,8 @@ def _train(cfg: JobConfig, run: _Run, out: MetricsLogger, flops_token: float, en
         evaluated = run.evaluator.due(step, run.total, run.state.offset)
         if evaluated:
             out.eval(run.evaluator(run.model, step, run.state.epoch))
-        if run.ckpt and run.ckpt.due(step, run.total, evaluated):
+        saved = run.ckpt is not None and run.ckpt.due(step, run.total, evaluated)
+        if saved:
             run.ckpt.save(step, run.model, run.optimizer, run.state,
                           {EVAL_LOSS_KEY: run.evaluator.records[-1]["eval/loss"]}
                           if evaluated else {})
@@ -430,6 +445,8 @@ def _train(cfg: JobConfig, run: _Run, out: MetricsLogger, flops_token: float, en
             if run.ckpt:
                 run.ckpt.close()
             return None
+        if termination.agreed(env.device):
+            _stop_on_termination(run, out, step, saved)
     return history
 
 
@@ -492,7 +509,9 @@ def run(cfg: JobConfig, env: DistEnv, faults: Faults | None = None) -> dict:
     with ExitStack() as stack:
         out = MetricsLogger(cfg, env, stack, state.step, run_.total)
         out.node_check(node_check, node_name())
-        history = _train(cfg, run_, out, description["run/flops_per_token"], env, faults)
+        termination = stack.enter_context(TerminationRequest())
+        history = _train(cfg, run_, out, description["run/flops_per_token"], env, faults,
+                         termination)
         if history is None:  # stopped by a test's fault hook
             return {}
         if ckpt:
@@ -564,6 +583,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(cfg, env, faults.from_environment(env))
         return 0
+    except Terminated as e:
+        if env.is_main:
+            log.warning("%s", e)
+        return TERMINATED_EXIT_CODE
     except UserError as e:
         if env.is_main:
             log.error("%s", e)

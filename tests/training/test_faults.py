@@ -1,6 +1,6 @@
 """Faults under torchrun with restarts allowed: a worker SIGKILLed mid-run, a worker killed while
-writing a checkpoint, a whole "node" (agent and worker) lost under the etcd rendezvous, and a
-hung (SIGSTOPped) worker. Each must end where an uninterrupted run ends, or end within its
+writing a checkpoint, the job sent SIGTERM (as Kubernetes ends a pod), a whole "node" (agent and
+worker) lost under the etcd rendezvous, and a hung (SIGSTOPped) worker. Each must end where an uninterrupted run ends, or end within its
 configured bound."""
 
 from __future__ import annotations
@@ -101,6 +101,38 @@ def test_killed_while_saving_resumes_from_previous_checkpoint(reference, tmp_pat
     assert_losses_close(run.losses(), reference.losses(), BITWISE_RTOL, "killed in save")
     assert [s for s, _ in complete_checkpoints(ckpt)] == [N, STEPS]
     assert sorted(p.name for p in ckpt.iterdir()) == [f"step_{N:08d}", f"step_{STEPS:08d}"]
+
+
+def test_sigterm_saves_the_step_and_the_next_start_matches_uninterrupted(reference, tmp_path,
+                                                                          tiny_cache):
+    """Checked against the uninterrupted reference run: torchrun is sent SIGTERM (as Kubernetes
+    ends a pod) after step 2 of a run whose only regular checkpoint is the last step's; its
+    workers finish the step in flight, save it, and exit non-zero (torchrun too); the
+    same command started again resumes from that step and ends with the reference's losses
+    at every step, the final one included."""
+    ckpt = tmp_path / "ckpt"
+    metrics = tmp_path / "metrics.jsonl"
+    flags = ["--batch-size", "4", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "0"]
+    cmd = torchrun_cmd(2, ["--standalone", "--max-restarts=0", "--monitor-interval=0.5"]) + [
+        *TINY_FLAGS, "--cache-dir", str(tiny_cache), *flags, "--metrics-file", str(metrics)]
+    proc = start(cmd, FSDP_EKS_TEST_STEP_DELAY_S="0.5")
+    try:
+        _wait_for_step(metrics, 2, [proc], timeout=120)
+        os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stopped = max(steps_of(metrics))
+    assert proc.returncode != 0, "a stopped run must not count as done"
+    assert 2 <= stopped < STEPS, out[-4000:]
+    assert f"stopped after step {stopped} on SIGTERM" in out, out[-4000:]
+    assert [s for s, _ in complete_checkpoints(ckpt)] == [stopped]
+    again = train(tmp_path, *flags, cache=tiny_cache,
+                  launcher=["--standalone", "--max-restarts=0", "--monitor-interval=0.5"]).check()
+    assert f"resumed from {ckpt}/step_{stopped:08d}" in again.output
+    assert_losses_close(again.losses(), reference.losses(), BITWISE_RTOL, "SIGTERM + restart")
+    assert again.losses()[-1] == reference.losses()[-1]
 
 
 def _wait_for_step(metrics: Path, step: int, procs: list[subprocess.Popen], timeout: float) -> None:

@@ -1,0 +1,71 @@
+"""Stop on SIGTERM at the next step boundary, with a checkpoint of that step.
+
+Kubernetes ends a pod (a node drained, a Spot or capacity-block instance reclaimed, the job
+deleted) with SIGTERM to the container's first process, here torchrun, and SIGKILL after the
+pod's grace period (30 s by default). torchrun's agent answers SIGTERM by sending SIGTERM to its
+workers and waiting up to its shutdown timeout (30 s) before SIGKILL. Left to Python's default,
+a worker dies at once and the steps since the last checkpoint are lost.
+
+With `TerminationRequest` installed, SIGTERM only sets a flag. After every step the ranks agree
+(one tiny all-reduce, after the step's results are read, so it adds no wait) whether any of them
+was asked to stop: a node reclaimed alone stops every rank at the same step. Then the loop
+saves that step's checkpoint (unless it just saved it), completes it, and the process exits with
+`EXIT_CODE` (128 + SIGTERM, as a process killed by it): torchrun, the PyTorchJob's restart
+policy or the next submission starts again from that step. Before the loop (loading, compiling)
+the default action stands: there is no progress to save yet.
+
+The save has to fit in what is left of both 30 s windows after the step in flight ends; a
+larger model state per rank than a checkpoint can write in that time loses the steps since the
+last regular checkpoint, as without this (docs/performance.md has the save's cost per GiB).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import torch
+
+from training.dist import all_sum
+
+log = logging.getLogger(__name__)
+
+EXIT_CODE = 128 + signal.SIGTERM
+"""The worker's exit status after stopping on SIGTERM (143): a failure to torchrun and to the
+PyTorchJob's restart policy, so the job resumes instead of counting as done."""
+
+
+class TerminationRequest:
+    """SIGTERM sets `signalled` while installed (see the module docstring); `agreed` asks
+    every rank. A context manager: the previous handler is restored on exit."""
+
+    def __init__(self) -> None:
+        self.signalled = False
+        self._previous = None
+
+    def _handler(self, signum, frame) -> None:
+        self.signalled = True
+
+    def __enter__(self) -> TerminationRequest:
+        self._previous = signal.signal(signal.SIGTERM, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+    def agreed(self, device: torch.device) -> bool:
+        """Whether any rank has been sent SIGTERM (a collective: every rank calls it)."""
+        return all_sum(int(self.signalled), device) > 0
+
+
+class Terminated(Exception):
+    """The run stopped at `step` on SIGTERM; `saved`: with a complete checkpoint of it."""
+
+    def __init__(self, step: int, saved: bool):
+        super().__init__(step, saved)
+        self.step, self.saved = step, saved
+
+    def __str__(self) -> str:
+        where = (f"its checkpoint is complete, and a restarted job resumes after it"
+                 if self.saved else "no --checkpoint-dir, so nothing was saved")
+        return f"stopped after step {self.step} on SIGTERM: {where}"

@@ -51,7 +51,8 @@ class TerminationRequest:
         return self
 
     def __exit__(self, *exc) -> None:
-        signal.signal(signal.SIGTERM, self._previous)
+        # None: the previous handler was not set from Python; the default is what stood.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
 
     def agreed(self, device: torch.device) -> bool:
         """Whether any rank has been sent SIGTERM (a collective: every rank calls it)."""

@@ -3,7 +3,7 @@
 Helm v3 ``Release`` (not the v4 ``Chart``) so that the release, its chart pin and its values are
 one visible resource: tests assert on them under mocks.
 
-Every chart is installed from its vendored folder in ``components/charts/``, the copy the tests
+Every chart is installed from its vendored folder in ``vendor/charts/`` (``HelmChart.folder``), the copy the tests
 render: ``pulumi up`` needs no chart repository and installs byte for byte what
 was tested. The path is relative to the project root, where ``pulumi up`` runs, so it is the same on
 every machine. The provider reads the version from the folder's ``Chart.yaml`` (pulumi-kubernetes

@@ -3,7 +3,7 @@
 Applied with server-side apply through the cluster's provider (``enable_server_side_apply``):
 the v1.9 PyTorchJob CRD is about 293 kB as JSON, over the 262 kB annotation that client-side
 apply writes, so a client-side apply of it fails. The manifests are vendored in
-``components/kustomize/`` (the v1.9.4 tag of kubeflow/trainer): kustomize builds them from the
+``vendor/kustomize/`` (the v1.9.4 tag of kubeflow/trainer): kustomize builds them from the
 repository at preview and update, with no git or network, exactly as the tests render them.
 """
 

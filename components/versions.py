@@ -10,11 +10,14 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import PurePosixPath
 
-CHARTS_DIR = PurePosixPath("components/charts")
-"""Vendored Helm charts, ``<chart>-<version>/`` each, relative to the project root (where
-``pulumi up`` runs); ``PROVENANCE.md`` there says where each comes from."""
-KUSTOMIZE_DIR = PurePosixPath("components/kustomize")
-"""Vendored kustomizations, relative to the project root."""
+VENDOR_DIR = PurePosixPath("vendor")
+"""Third-party source the program installs, relative to the project root (where ``pulumi up``
+runs), beside the program rather than inside ``components/``; ``PROVENANCE.md`` there says where
+each folder comes from, ``LICENSES/`` holds the licence texts."""
+CHARTS_DIR = VENDOR_DIR / "charts"
+"""Vendored Helm charts, ``<chart>-<version>/`` each."""
+KUSTOMIZE_DIR = VENDOR_DIR / "kustomize"
+"""Vendored kustomizations (and our overlay on them)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,7 +182,7 @@ KUBE_PROMETHEUS_STACK = HelmChart(
 )
 """The newest release whose source could be vendored (91.2.1 could not), with its four subcharts
 (grafana 12.11.1, kube-state-metrics 8.4.0, prometheus-node-exporter 4.56.1,
-prometheus-windows-exporter 0.12.8) in its ``charts/``: components/charts/PROVENANCE.md."""
+prometheus-windows-exporter 0.12.8) in its ``charts/``: vendor/PROVENANCE.md."""
 DCGM_EXPORTER = HelmChart(
     chart="dcgm-exporter",
     version="4.8.2",

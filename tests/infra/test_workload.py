@@ -278,7 +278,7 @@ def test_operator_is_the_vendored_v1_9_4_overlay_applied_server_side(recording: 
     builds on the vendored v1.9.4 standalone overlay (rendered in test_rendered)."""
     operator = recording.one(KUSTOMIZE)
     directory = operator.inputs["directory"]
-    assert directory == "components/kustomize/training-operator-system-nodes"
+    assert directory == "vendor/kustomize/training-operator-system-nodes"
     root = Path(__file__).resolve().parents[2]
     kustomization = yaml.safe_load((root / directory / "kustomization.yaml").read_text())
     assert kustomization["resources"] == ["../training-operator-v1.9.4/manifests/overlays/standalone"]

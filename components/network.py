@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from components.settings import NetworkSettings
+from components.settings import MAX_AVAILABILITY_ZONES, NetworkSettings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,10 +35,6 @@ class SubnetPlan:
     availability_zone: str
     private_cidr: str
     public_cidr: str
-
-
-MAX_AVAILABILITY_ZONES = 7
-"""AZs the subnet plan has room for: seven private eighths of the VPC, the eighth one for the public subnets."""
 
 
 def plan_subnets(vpc_cidr: str, availability_zones: tuple[str, ...]) -> list[SubnetPlan]:

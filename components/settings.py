@@ -43,6 +43,11 @@ class NodeGroupSize:
     """Most nodes the group scales to."""
 
 
+MAX_AVAILABILITY_ZONES = 7
+"""AZs the subnet plan of components/network.py has room for: seven private eighths of the VPC,
+the eighth one for the public subnets."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class NetworkSettings:
     """The VPC: a new one over ``availability_zones``, or an existing one given by id."""
@@ -211,6 +216,11 @@ class JobSettings:
     """Restarts of the worker group before the job fails."""
     namespace: str = "training"
     """Kubernetes namespace of the job, its Secret and etcd."""
+
+
+MONITORING_NAMESPACE = "monitoring"
+"""The namespace of the metrics stack and its parts (components/observability/); a name the
+job's namespace may not take while observability is on."""
 
 
 @dataclass(frozen=True, kw_only=True)

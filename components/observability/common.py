@@ -13,8 +13,8 @@ import pulumi_kubernetes as k8s
 from components import versions
 from components.cluster import ADDON_CONFLICT_RESOLUTION
 from components.pod_identity import inline_policy, pod_identity_role
+from components.settings import MONITORING_NAMESPACE
 
-MONITORING_NAMESPACE = "monitoring"
 KPS_FULLNAME = "kps"
 """``fullnameOverride`` of kube-prometheus-stack: object names do not depend on the release name."""
 

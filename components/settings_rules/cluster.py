@@ -6,8 +6,7 @@ import ipaddress
 import re
 
 from components import versions
-from components.network import MAX_AVAILABILITY_ZONES
-from components.settings import Problem, Settings
+from components.settings import MAX_AVAILABILITY_ZONES, Problem, Settings
 
 
 def network_rules(s: Settings) -> list[Problem]:

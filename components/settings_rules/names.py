@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 
 from components import versions
-from components.observability.common import MONITORING_NAMESPACE
-from components.settings import Problem, Settings
+from components.settings import MONITORING_NAMESPACE, Problem, Settings
 
 
 DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")

@@ -1,6 +1,7 @@
 """The import graph of the project, read from the sources (ast): no module imports itself back
-through others, no function hides an import of a project module (the graph a reader sees at the
-top of each file is the whole graph), and the planning layer runs without Pulumi and torch."""
+through others, no module imports a layer above its own, no function hides an import of a
+project module (the graph a reader sees at the top of each file is the whole graph), and the
+planning layer runs without Pulumi and torch."""
 
 from __future__ import annotations
 
@@ -16,6 +17,19 @@ PRODUCT = ("components", "offline", "training")
 """Packages whose functions may not import a project module (the tests' workers may: a spawned
 process imports what it runs)."""
 PLANNING = "components.planning"
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("training",),
+    (PLANNING,),
+    ("components.versions", "components.settings", "components.settings_problems", "components.settings_rules"),
+    ("components",),
+    ("offline",),
+    ("tests",),
+)
+"""The layers from the bottom up, each named by its module prefixes: a module imports its own
+layer and those below, never one above. The training package stands alone (the image is built
+from training/ only); the planning layer reads its shapes and GPU rows; the settings (the typed
+stack file, its pins and its rules) read the planning layer; the components build on the
+settings; the offline wing runs the program, and the tests everything."""
 BLOCKED = ("pulumi", "pulumi_aws", "pulumi_eks", "pulumi_kubernetes", "torch")
 
 
@@ -58,6 +72,18 @@ def graph() -> tuple[dict[str, set[str]], list[str]]:
     return edges, hidden
 
 
+def layer(module: str) -> int:
+    """The index in LAYERS of the layer whose prefix names ``module`` most closely."""
+    found = [(len(prefix), i) for i, prefixes in enumerate(LAYERS) for prefix in prefixes
+             if module == prefix or module.startswith(prefix + ".")]
+    return max(found)[1]
+
+
+def upward(edges: dict[str, set[str]]) -> list[str]:
+    """Every import of a module in a layer above the importer's, as ``importer -> imported``."""
+    return sorted(f"{m} -> {n}" for m, targets in edges.items() for n in targets if layer(n) > layer(m))
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Every cycle a depth-first walk meets, each as the modules around it."""
     found, state, stack = [], {}, []
@@ -81,6 +107,26 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_project_imports_have_no_cycle():
     assert cycles(graph()[0]) == []
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    assert upward(graph()[0]) == []
+
+
+def test_the_layers_see_an_upward_import():
+    """The rule itself: planning reading the settings, training reading the planning layer, the
+    settings reading a component, or a component reading the offline wing is refused; the
+    other way round is not."""
+    assert upward({"components.planning.forecast": {"components.settings"},
+                   "training.metrics": {"components.planning.hardware"},
+                   "components.settings_rules.cluster": {"components.network"},
+                   "components.stack": {"offline.mocks"}}) == [
+        "components.planning.forecast -> components.settings",
+        "components.settings_rules.cluster -> components.network",
+        "components.stack -> offline.mocks",
+        "training.metrics -> components.planning.hardware"]
+    assert upward({"components.settings": {"components.planning.hardware", "training.config"},
+                   "offline.plan": {"components.stack"}, "tests.harness": {"offline.mocks"}}) == []
 
 
 def test_no_function_imports_a_project_module():

@@ -7,8 +7,8 @@ full AC; float8 linears 1.307 x bf16, measured without AC, times the recipe's sp
 tensorwise measured on one H200; the dense-mask attention of packed
 rows, ``packedAttention: sdpa``, 0.842 x, measured on one H200 with documents of 200-400 tokens:
 FlexAttention's packed rows run at least at the plain rate), times the profile's bf16 peak, over
-the model's FLOPs per token (docs/design.md#measuring-speed), is one node's tokens/s per GPU (the A100 is
-assumed to reach the H100's MFU, as in the scaling model); the scaling model
+the model's FLOPs per token (docs/design.md#measuring-speed), is one node's tokens/s per GPU (on
+another GPU the H200's MFU is assumed, and the line says so); the scaling model
 (``scaling_model.py``) then adds what FSDP's collectives cost across the job's nodes. Money: the
 nodes' price (``hardware.py``, with its basis: on demand, or a Capacity Block's rate, dated).
 Both are estimates for planning, not promises: other models, batches and sequence lengths than
@@ -26,6 +26,8 @@ from training.shapes import ModelShape, flops_per_token
 
 MEASURED_MFU = {"none": 0.562, "full": 0.460, "selective": 0.484}
 """Compiled bf16 steps on 2 x H200 by activation checkpointing (docs/performance.md)."""
+MFU_MEASURED_ON = "NVIDIA H200"
+"""The GPU (training/hardware.py's key) every MFU and factor here was measured on."""
 EAGER_FACTOR = 7643 / 9881
 """Eager over compiled tokens/s, full AC, 7B, 2 x H200."""
 FLOAT8_FACTOR = 15766 / 12065
@@ -69,12 +71,12 @@ def forecast(shape: ModelShape, job: training_config.JobConfig, profile: Hardwar
     if job.model.packed_attention == "sdpa":
         mfu *= PACKED_SDPA_FACTOR
     seq = job.data.seq_len
-    one_node = mfu * profile.gpu_peak_bf16_flops / flops_per_token(
+    one_node = mfu * profile.gpu.peak_bf16_flops / flops_per_token(
         shape.parameters - shape.vocab * shape.hidden, shape.layers, shape.hidden, seq)
     step_s = job.train.batch_size * job.train.grad_accum * seq / one_node
     sharding = job.parallel.sharding if job.parallel.sharding != "NO_SHARD" else "FULL_SHARD"
     cluster = Cluster(name=profile.instance_type, nodes=nodes, gpus_per_node=gpus_per_node,
-                      network_gbps=profile.network_gbps, nvlink_busbw_gbs=profile.nvlink_busbw_gbs)
+                      network_gbps=profile.network_gbps, nvlink_busbw_gbs=profile.gpu.nvlink_busbw_gbs)
     p = predict(params=shape.parameters, measured_step_s=step_s, measured_gpus=gpus_per_node,
                 strategy=sharding, cluster=cluster)
     return Forecast(tokens_per_s_per_gpu=one_node * step_s / p.step_s, scaling_efficiency=p.efficiency,
@@ -83,7 +85,8 @@ def forecast(shape: ModelShape, job: training_config.JobConfig, profile: Hardwar
 
 def forecast_line(f: Forecast, profile: HardwareProfile, nodes: int) -> str:
     """The preview line."""
-    return (f"job forecast: about {f.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, {f.tokens_per_s:,.0f} for "
+    assumed = "" if profile.gpu_model == MFU_MEASURED_ON else f" (assumed: the MFU measured on {MFU_MEASURED_ON})"
+    return (f"job forecast: about {f.tokens_per_s_per_gpu:,.0f} tokens/s per GPU{assumed}, {f.tokens_per_s:,.0f} for "
             f"the job ({f.gpus} GPUs, {f.scaling_efficiency:.0%} of one node's per-GPU rate); GPU nodes "
             f"{nodes} x {profile.instance_type} at ${profile.usd_per_hour:,.2f}/h {profile.price_basis} "
             f"= ${f.usd_per_hour:,.2f}/h, about ${f.usd_per_billion_tokens:,.0f} "

@@ -6,9 +6,11 @@ scaling report's network all read this table. Adding an instance type is one row
 stack file (README, "Changing things"). Sources: EC2 "EFA for accelerated instance types" guide
 (network cards, EFA interfaces, Gbit/s:
 https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html), the P5 and P4
-instance pages (GPUs, GPU memory, how p4de is sold: https://aws.amazon.com/ec2/instance-types/p5/,
-https://aws.amazon.com/ec2/instance-types/p4/). The GPU's bf16 peak is the training package's
-table (training/hardware.py), which the fine-tune reads too.
+instance pages (GPUs, how p4de is sold: https://aws.amazon.com/ec2/instance-types/p5/,
+https://aws.amazon.com/ec2/instance-types/p4/). The GPU's own facts (memory, bf16 and float8
+peaks, NVLink) are its row in the training package's GPU table (training/hardware.py), which the
+fine-tune reads too: a row names its GPU, and an instance type with a new GPU is a row there and
+a row here.
 
 p5e and p5en (8 x H200 141 GB each): the EFA page above ("P5 and P5e instances support up to 32
 network cards and up to 3200 Gbps"), the EC2 Capacity Blocks pricing page (p5e.48xlarge: 8 x H200,
@@ -16,9 +18,7 @@ network cards and up to 3200 Gbps"), the EC2 Capacity Blocks pricing page (p5e.4
 named resource ``aws_p5en_48xlarge`` (meta-pytorch/torchx#995: 192 vCPUs, 2048 GiB, 16 EFA
 devices) with the P5 page's 3200 Gbps of EFAv3 (16 cards of 200 Gbps). vCPUs and memory of
 every row: the instance type pages (p4de 96 vCPUs and 1152 GiB, p5/p5e/p5en 192 vCPUs and
-2048 GiB). GPU memory: an H100's 80 GB reads 79.6 GiB in
-``nvidia-smi``, an H200's 141 GB 143,771 MiB = 140.4 GiB (docs/performance.md); the rows say 80
-and 140, and the fit check keeps a margin.
+2048 GiB).
 
 Prices, USD per instance-hour, Linux, each with its basis (``price_basis``, printed with it):
 p5.48xlarge 55.04 on demand in us-east-1 after AWS's price cut of June 2025 ("up to 45 %" for
@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from training.hardware import peak_bf16_flops
+from training.hardware import GPUS, Gpu
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,9 +47,8 @@ class HardwareProfile:
     gpus: int
     """GPUs per instance; also ``nprocPerNode`` of the training job."""
     gpu_model: str
-    """The GPU as ``torch.cuda.get_device_name`` reports it (the key of its bf16 peak)."""
-    gpu_memory_gib: int
-    """Memory of one GPU in GiB (80 GB HBM reads as 80 here: the fit check keeps a margin)."""
+    """The GPU as ``torch.cuda.get_device_name`` reports it: the key of its row in
+    training/hardware.py's GPUS."""
     network_cards: int
     """Network cards of the instance: one EFA interface per card."""
     network_gbps: int
@@ -57,11 +56,6 @@ class HardwareProfile:
     reservation_only: bool = False
     """Sold only through capacity reservations (an ODCR or a capacity block), never plain
     On-Demand: the stack refuses it without ``gpuNodes.capacityReservationId``."""
-    float8: bool
-    """The GPU has float8 matrix units (Hopper and later): ``job.precision: fp8`` is allowed."""
-    nvlink_busbw_gbs: float
-    """NCCL bus bandwidth inside a node, GB/s, for the scaling model (240 measured on 2 x H200,
-    docs/performance.md; 230 assumed for the A100's NVLink 3)."""
     vcpus: int
     """vCPUs of the instance: what it takes of the account's EC2 vCPU quota, and the pod's CPU
     request per GPU is derived from it."""
@@ -71,13 +65,22 @@ class HardwareProfile:
     """Price of one instance, USD per hour, as ``price_basis`` says."""
     price_basis: str
     """Where and when ``usd_per_hour`` holds, as the forecast prints it after the price."""
-    published_node_busbw_gbs: float | None = None
-    """Published nccl-tests all-reduce bus bandwidth of all the instance's GPUs inside one
-    instance at large sizes, GB/s (sources in NODE_CHECK_SOURCES); None: unknown, the node
-    check reports the figure without a floor."""
     published_efa_busbw_gbs: float | None = None
     """Published nccl-tests all-reduce bus bandwidth between instances over all their EFA
     interfaces, GB/s (NODE_CHECK_SOURCES); None: unknown, reported without a floor."""
+
+    def __post_init__(self) -> None:
+        gpu = GPUS.get(self.gpu_model)
+        if gpu is None or gpu.nvlink_busbw_gbs is None:
+            raise ValueError(
+                f"{self.instance_type}: GPU {self.gpu_model!r} has no row with NVLink figures in "
+                f"training/hardware.py's GPUS: add its row there (name as torch.cuda.get_device_name "
+                f"reports it, memory, peaks, NVLink), or name a GPU of that table")
+
+    @property
+    def gpu(self) -> Gpu:
+        """The row of its GPU (memory, peaks, NVLink)."""
+        return GPUS[self.gpu_model]
 
     @property
     def efa_interfaces(self) -> int:
@@ -87,17 +90,12 @@ class HardwareProfile:
     @property
     def min_node_busbw_gbs(self) -> float:
         """The node check's floor inside a node: the published figure x NODE_CHECK_MARGIN."""
-        return round((self.published_node_busbw_gbs or 0.0) * NODE_CHECK_MARGIN, 1)
+        return round((self.gpu.published_node_busbw_gbs or 0.0) * NODE_CHECK_MARGIN, 1)
 
     @property
     def min_efa_busbw_gbs(self) -> float:
         """The node check's floor between nodes over every EFA interface."""
         return round((self.published_efa_busbw_gbs or 0.0) * NODE_CHECK_MARGIN, 1)
-
-    @property
-    def gpu_peak_bf16_flops(self) -> float | None:
-        """Dense bf16 peak of one GPU, FLOP/s (training/hardware.py): the denominator of MFU."""
-        return peak_bf16_flops(self.gpu_model)
 
     @property
     def pod_cpu_per_gpu(self) -> int:
@@ -132,21 +130,15 @@ it is for land far below half: NCCL on TCP sockets instead of EFA (a few GB/s), 
 interface or NVLink, a GPU fallen back to PCIe."""
 
 NODE_CHECK_SOURCES = {
-    "p4de inside a node": "NVIDIA/nccl#527: all_reduce_perf, 8 x A100-SXM4 on one p4dn.24xlarge "
-                          "(the same GPUs and NVSwitch as p4de), 1 GiB: busbw 230.8 GB/s",
     "p4de over EFA": "NVIDIA/nccl#527: the same test on 2 x p4dn.24xlarge (4 x 100 Gbit/s EFA, "
                      "as p4de), 1 GiB: busbw 57.2 GB/s",
-    "p5 inside a node": "NVIDIA GTC S62129, quoted in NVIDIA/nccl#1374: 8 x H100 SXM (NVLink 4 "
-                        "with NVLink SHARP) all-reduce busbw 480 GB/s; 8 x H200 peak 475 GB/s "
-                        "in NVIDIA/nccl-tests#272",
     "p5 over EFA": "aws/aws-k8s-tester#503 (the EKS maintainers' NCCL test on 2 x p5.48xlarge, "
                    "32 x 100 Gbit/s EFA): 'Avg bus bandwidth' 124-125 GB/s, an average over all "
                    "the swept sizes, so below the large-size figure",
-    "p5e and p5en inside a node": "NVIDIA/nccl-tests#272: 8 x H200 (NVLink 4) all-reduce peak "
-                                  "busbw 475 GB/s",
     "p5e and p5en over EFA": "none found for these types: reported without a floor",
 }
-"""Where the published bus bandwidths of the rows come from."""
+"""Where the published bus bandwidths between instances come from (inside an instance: its
+GPU's row, training/hardware.py NODE_BUSBW_SOURCES)."""
 
 ON_DEMAND_US_EAST_1 = "on demand (us-east-1, 2025-06-05)"
 """The basis of the on-demand prices read from https://aws.amazon.com/ec2/pricing/on-demand/."""
@@ -156,64 +148,48 @@ PROFILES: dict[str, HardwareProfile] = {
         instance_type="p4de.24xlarge",
         gpus=8,
         gpu_model="NVIDIA A100-SXM4-80GB",
-        gpu_memory_gib=80,
         network_cards=4,
         network_gbps=400,
-        float8=False,
-        nvlink_busbw_gbs=230.0,
         vcpus=96,
         memory_gib=1152,
         usd_per_hour=27.45,
         price_basis=ON_DEMAND_US_EAST_1,
         reservation_only=True,
-        published_node_busbw_gbs=230.8,
         published_efa_busbw_gbs=57.2,
     ),
     "p5": HardwareProfile(
         instance_type="p5.48xlarge",
         gpus=8,
         gpu_model="NVIDIA H100 80GB HBM3",
-        gpu_memory_gib=80,
         network_cards=32,
         network_gbps=3200,
-        float8=True,
-        nvlink_busbw_gbs=240.0,
         vcpus=192,
         memory_gib=2048,
         usd_per_hour=55.04,
         price_basis=ON_DEMAND_US_EAST_1,
-        published_node_busbw_gbs=480.0,
         published_efa_busbw_gbs=125.0,
     ),
     "p5e": HardwareProfile(
         instance_type="p5e.48xlarge",
         gpus=8,
         gpu_model="NVIDIA H200",
-        gpu_memory_gib=140,
         network_cards=32,
         network_gbps=3200,
-        float8=True,
-        nvlink_busbw_gbs=240.0,
         vcpus=192,
         memory_gib=2048,
         usd_per_hour=43.26,
         price_basis="as a Capacity Block (us-east-2, to 2025-01-01; no on-demand price)",
         reservation_only=True,
-        published_node_busbw_gbs=475.0,
     ),
     "p5en": HardwareProfile(
         instance_type="p5en.48xlarge",
         gpus=8,
         gpu_model="NVIDIA H200",
-        gpu_memory_gib=140,
         network_cards=16,
         network_gbps=3200,
-        float8=True,
-        nvlink_busbw_gbs=240.0,
         vcpus=192,
         memory_gib=2048,
         usd_per_hour=63.296,
         price_basis="on demand (us-east-1, 2026-08)",
-        published_node_busbw_gbs=475.0,
     ),
 }

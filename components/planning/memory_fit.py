@@ -191,7 +191,7 @@ def estimate(
 
 def budget_gib(profile: HardwareProfile) -> float:
     """What a job may use per GPU: 90 % of its memory (the rest: fragmentation, spikes)."""
-    return BUDGET_FRACTION * profile.gpu_memory_gib
+    return BUDGET_FRACTION * profile.gpu.memory_gib
 
 
 def staging_gib(shape: ModelShape, *, sharding: str, nodes: int, gpus_per_node: int) -> float:

@@ -108,5 +108,5 @@ def gpu_memory_rules(s: Settings) -> list[Problem]:
         f"nothing up to {memory_fit.MAX_SUGGESTED_NODES} nodes fits: use a smaller model or a GPU with more memory")
     return [Problem("job", value,
                     f"does not fit in GPU memory: estimated {e.total:.1f} GiB per GPU > {budget:.1f} GiB "
-                    f"({memory_fit.BUDGET_FRACTION:.0%} of {p.gpu_memory_gib} GiB, {p.gpu_model}): "
+                    f"({memory_fit.BUDGET_FRACTION:.0%} of {p.gpu.memory_gib} GiB, {p.gpu_model}): "
                     f"{e.breakdown(shape, t['activation_checkpointing'])}. It {would}")]

@@ -32,7 +32,7 @@ def job_rules(s: Settings) -> list[Problem]:
         problems.append(Problem("job.nodes", j.nodes,
                                 f"raise gpuNodes.desiredSize ({s.gpu_nodes.desired_size}) or lower job.nodes: "
                                 "the job would wait for nodes that never come"))
-    if j.training.model.precision == "fp8" and not p.float8:
+    if j.training.model.precision == "fp8" and not p.gpu.float8:
         problems.append(Problem("job.precision", "fp8",
                                 f"{p.instance_type}'s {p.gpu_model} has no float8 matrix units: use bf16 "
                                 "(or a profile with H100s, e.g. p5)"))

@@ -21,7 +21,7 @@ from training.shapes import flops_per_token  # noqa: E402
 from records import load  # noqa: E402
 
 RUNS = ROOT / "docs" / "benchmarks" / "h200"
-PEAK_H100 = PROFILES["p5"].gpu_peak_bf16_flops
+PEAK_H100 = PROFILES["p5"].gpu.peak_bf16_flops
 ANCHORS = [  # the anchors of docs/performance.md: 2 x H200, Llama-2-7B, seq 4096, batch 3/GPU
     ("plain HF + FSDP2, full AC", 7896), ("llama-cookbook, full AC", 8234),
     ("torchtitan, full AC, compile", 9855), ("torchtitan, selective AC, compile", 10776),
@@ -81,7 +81,7 @@ def config_chart() -> None:
 
 CLUSTERS = {
     name: dict(gpus_per_node=PROFILES[name].gpus, network_gbps=float(PROFILES[name].network_gbps),
-               nvlink_busbw_gbs=PROFILES[name].nvlink_busbw_gbs, peak=PROFILES[name].gpu_peak_bf16_flops)
+               nvlink_busbw_gbs=PROFILES[name].gpu.nvlink_busbw_gbs, peak=PROFILES[name].gpu.peak_bf16_flops)
     for name in ("p5", "p4de")  # the charts' order
 }
 """The instance profiles (components/planning/hardware.py) as the scaling model sees them."""

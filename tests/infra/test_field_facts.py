@@ -142,7 +142,7 @@ def test_each_profile_names_a_gpu_with_a_known_peak():
     datasheets: every row names its GPU as torch does, so its MFU has the datasheet's peak."""
     for name, p in PROFILES.items():
         assert p.gpu_model in DATASHEET_BF16_TFLOPS, f"{name}: {p.gpu_model} is not a name torch reports"
-        assert p.gpu_peak_bf16_flops == pytest.approx(DATASHEET_BF16_TFLOPS[p.gpu_model] * 1e12), name
+        assert p.gpu.peak_bf16_flops == pytest.approx(DATASHEET_BF16_TFLOPS[p.gpu_model] * 1e12), name
     assert peak_bf16_flops("cpu") is None
 
 

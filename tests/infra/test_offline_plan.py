@@ -101,7 +101,7 @@ def test_the_plan_of_a_wrong_stack_file_lists_every_problem(tmp_path, monkeypatc
     token = "hf_PlainTextTokenInTheStackFile42"
     stack_file = yaml.safe_dump({"config": {
         "aws:region": "us-west-2",
-        "fsdp-eks:profile": "p6",
+        "fsdp-eks:profile": "zz9-test",
         "fsdp-eks:hfToken": token,
         "fsdp-eks:network": {"vpcCidr": "bad", "availabilityZones": ["us-west-2a", "us-west-2c"]},
         "fsdp-eks:gpuNodes": {"availabilityZone": "us-west-2c", "desiredSise": 2},
@@ -109,7 +109,7 @@ def test_the_plan_of_a_wrong_stack_file_lists_every_problem(tmp_path, monkeypatc
         "fsdp_eks:storage": {"fsx": True},
     }})
     message = plan_of(stack_file, tmp_path, monkeypatch)
-    for problem in ("fsdp-eks:profile = 'p6'", "fsdp-eks:hfToken = '(not shown)': stored in plain text",
+    for problem in ("fsdp-eks:profile = 'zz9-test'", "fsdp-eks:hfToken = '(not shown)': stored in plain text",
                     "fsdp-eks:network.vpcCidr = 'bad'", "fsdp-eks:gpuNodes.desiredSise = 2: unknown key",
                     "fsdp-eks:job.seqLen = 4", "(fsdp_eks:storage) = 'fsdp_eks': not the project's namespace"):
         assert problem in message, message

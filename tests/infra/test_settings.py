@@ -30,9 +30,9 @@ def test_committed_stacks_are_valid(stack):
 
 def test_unknown_profile():
     config = raw("p5")
-    config["profile"] = "p6"
+    config["profile"] = "zz9-test"
     message = errors(config)
-    assert "fsdp-eks:profile = 'p6'" in message and "p4de, p5" in message
+    assert "fsdp-eks:profile = 'zz9-test'" in message and "p4de, p5" in message
 
 
 def test_p4de_without_reservation():
@@ -354,7 +354,7 @@ def problems_of(config: dict) -> dict[str, list[str]]:
     return found
 
 
-@pytest.mark.parametrize("profile", ["p6", "p5.48xlarge", ["p5"], {"name": "p5"}, None])
+@pytest.mark.parametrize("profile", ["zz9-test", "p5.48xlarge", ["p5"], {"name": "p5"}, None])
 def test_an_unknown_profile_does_not_hide_the_other_problems(profile):
     """A profile that is no row of the table (or not even a name) is named, and every problem that
     does not depend on the profile is still listed (before: only the profile, or a TypeError for a

@@ -52,7 +52,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -182,20 +182,19 @@ def training_command(job: JobSettings, profile: HardwareProfile, data_dir: str =
     ``data_dir``: the run's directory for checkpoints and the exported model; ``module``:
     ``training.node_check`` runs only the check, with the same flags.
     """
-    config = training_config.from_fields({
-        **training_config.flat(job.training),
-        "checkpoint_dir": f"{data_dir}/checkpoints",
-        "output_dir": f"{data_dir}/output",
-        "cache_dir": HF_HOME,
-        "metrics_port": METRICS_PORT,
-        "metrics_file": f"{data_dir}/metrics.jsonl",
-        **node_check_thresholds(job, profile),
-    })
+    t = job.training
+    config = replace(
+        t,
+        model=replace(t.model, cache_dir=HF_HOME),
+        checkpoint=replace(t.checkpoint, checkpoint_dir=f"{data_dir}/checkpoints", output_dir=f"{data_dir}/output"),
+        metrics=replace(t.metrics, metrics_port=METRICS_PORT, metrics_file=f"{data_dir}/metrics.jsonl"),
+        node_check=replace(t.node_check, **node_check_thresholds(job, profile)),
+    )
     return ["torchrun", "-m", module, *training_config.to_argv(config)]
 
 
 def _env(job: JobSettings, hf_secret: str | None) -> list[dict]:
-    timeout_s = training_config.flat(job.training)["collective_timeout_s"]
+    timeout_s = job.training.parallel.collective_timeout_s
     env = [
         {"name": "FI_EFA_USE_HUGE_PAGE", "value": "0"},
         # A hung collective ends the process within --collective-timeout-s: NCCL's watchdog

@@ -57,6 +57,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from components.planning.hardware import HardwareProfile
+from training.config import JobConfig, Sharding
 from training.shapes import ModelShape, shape_of_model
 
 GIB = 1024**3
@@ -104,7 +105,7 @@ def model_shape(model: str, parameters_billion: float | None) -> ModelShape | No
     return approximate_shape(parameters_billion * 1e9)
 
 
-def shard_group(sharding: str, *, nodes: int, gpus_per_node: int) -> int:
+def shard_group(sharding: Sharding, *, nodes: int, gpus_per_node: int) -> int:
     """GPUs that share one copy of the states: every GPU of the job, one node's, or one."""
     world = nodes * gpus_per_node
     return {"FULL_SHARD": world, "SHARD_GRAD_OP": world, "HYBRID_SHARD": gpus_per_node, "NO_SHARD": 1}[sharding]
@@ -135,22 +136,11 @@ class MemoryEstimate:
         )
 
 
-def estimate(
-    shape: ModelShape,
-    *,
-    sharding: str,
-    nodes: int,
-    gpus_per_node: int,
-    batch_size: int,
-    seq_len: int,
-    activation_checkpointing: str,
-    compile: bool = False,
-    loss: str = "fused",
-    precision: str = "bf16",
-    float8_recipe: str = "tensorwise",
-    packed_attention: str = "flex",
-) -> MemoryEstimate:
-    """Per-GPU memory of a configuration (the formula of the module docstring)."""
+def estimate(shape: ModelShape, job: JobConfig, *, nodes: int, gpus_per_node: int) -> MemoryEstimate:
+    """Per-GPU memory of ``job`` on ``nodes`` x ``gpus_per_node`` GPUs (the formula of the
+    module docstring)."""
+    sharding, activation_checkpointing = job.parallel.sharding, job.parallel.activation_checkpointing
+    batch_size, seq_len = job.train.batch_size, job.data.seq_len
     p = shape.parameters
     group = shard_group(sharding, nodes=nodes, gpus_per_node=gpus_per_node)
     states = STATE_BYTES_PER_PARAM * p / group
@@ -160,9 +150,9 @@ def estimate(
         working = 2 * p + 2 * shape.largest_unit
     tokens = batch_size * seq_len
     per_layer = 2 * (6 * shape.hidden + 2 * shape.kv_width + 4 * shape.intermediate) * tokens
-    if compile:
+    if job.parallel.compile:
         per_layer *= COMPILED_ACTIVATION_FACTOR
-    if precision == "fp8" and float8_recipe != "rowwise_with_gw_hp":
+    if job.model.precision == "fp8" and job.model.float8_recipe != "rowwise_with_gw_hp":
         # rowwise_with_gw_hp keeps the linears' bf16 inputs for its bf16 weight-gradient matmul:
         # the same stored activations as bf16 (71.8 GiB peak for both, 16 layers of the 7B
         # shape, one H200, docs/benchmarks/h200-loss/call1)
@@ -175,10 +165,10 @@ def estimate(
     else:  # selective: every second layer checkpointed
         whole = shape.layers // 2
         activations = whole * per_layer + (shape.layers - whole) * layer_input + 2 * per_layer
-    if packed_attention == "sdpa":  # the dense mask's bias, per layer that keeps its inputs
+    if job.model.packed_attention == "sdpa":  # the dense mask's bias, per layer that keeps its inputs
         kept = {"none": shape.layers, "full": 2}.get(activation_checkpointing, shape.layers // 2 + 2)
         activations += kept * 2 * batch_size * seq_len**2
-    logits = (8 if loss == "fused" else 16) * tokens * shape.vocab
+    logits = (8 if job.model.loss == "fused" else 16) * tokens * shape.vocab
     return MemoryEstimate(
         states=states / GIB,
         working=working / GIB,
@@ -194,7 +184,7 @@ def budget_gib(profile: HardwareProfile) -> float:
     return BUDGET_FRACTION * profile.gpu.memory_gib
 
 
-def staging_gib(shape: ModelShape, *, sharding: str, nodes: int, gpus_per_node: int) -> float:
+def staging_gib(shape: ModelShape, *, sharding: Sharding, nodes: int, gpus_per_node: int) -> float:
     """Host memory of one process's async-checkpoint copy, in GiB."""
     group = shard_group(sharding, nodes=nodes, gpus_per_node=gpus_per_node)
     return STAGED_BYTES_PER_PARAM * shape.parameters / group / GIB

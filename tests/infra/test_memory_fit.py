@@ -17,8 +17,9 @@ import pytest
 
 from components import settings_rules
 from components.planning import memory_fit
-from components.planning.memory_fit import estimate, model_shape
+from components.planning.memory_fit import MemoryEstimate, model_shape
 from tests.harness import job_settings, parse, raw_settings, settings_error
+from training import config as C
 from training.shapes import HUB_IDS, SHAPES, ModelShape
 
 CONSERVATIVE = {"activationCheckpointing": "full", "batchSize": 1}
@@ -78,6 +79,12 @@ def measured_runs() -> list[dict]:
     return [r for r in runs if r.get("status") == "ok" and r.get("memory_gib", {}).get("peak_reserved")]
 
 
+def estimate(shape: ModelShape, *, nodes: int, gpus_per_node: int, **fields) -> MemoryEstimate:
+    """``memory_fit.estimate`` of the job config with these training fields (the rest at their
+    defaults), on ``nodes`` x ``gpus_per_node`` GPUs."""
+    return memory_fit.estimate(shape, C.from_fields(fields), nodes=nodes, gpus_per_node=gpus_per_node)
+
+
 def run_estimate(run: dict) -> float:
     """The fit check's estimate, GiB per GPU, for the run's shape and configuration."""
     m = run["model"]
@@ -134,6 +141,19 @@ def test_no_checkpointing_at_long_sequence_is_refused_and_checkpointing_suggeste
                           batchSize=4, seqLen=8192))
     assert "job.activationCheckpointing full:" in message
     assert "checkpointing none" in message
+
+
+def test_a_large_batch_is_refused_with_a_batch_of_one_and_no_change_already_made():
+    """Checked against the activation and logits terms (linear in the batch): 13B with full
+    checkpointing and FULL_SHARD already, 32 x 8k tokens per GPU: only the batch is suggested,
+    never a change the job already has."""
+    message = refusal(raw("p5", nodes=2, model="meta-llama/Llama-2-13b-hf", activationCheckpointing="full",
+                          sharding="FULL_SHARD", batchSize=32, seqLen=8192))
+    one = estimate(model_shape("meta-llama/Llama-2-13b-hf", None), nodes=2, gpus_per_node=8, batch_size=1,
+                   seq_len=8192, activation_checkpointing="full", sharding="FULL_SHARD",
+                   compile=parse(raw("p5")).job.training.parallel.compile)
+    assert f"job.batchSize 1: {one.total:.1f} GiB" in message
+    assert "job.activationCheckpointing full" not in message and "job.sharding FULL_SHARD" not in message
 
 
 def test_unknown_model_without_parameters_asks_for_them():

@@ -61,6 +61,17 @@ class KubernetesCluster(Protocol):
     """What in-cluster objects wait for: nodes and add-ons their pods need ([] when they exist)."""
 
 
+def kubernetes_provider(name: str, kubeconfig: pulumi.Output[str], parent: pulumi.Resource) -> k8s.Provider:
+    """The cluster's one Kubernetes provider, child of ``parent``: server-side apply, because the
+    Training Operator's CRD is larger than client-side apply's annotation limit (docs/design.md)."""
+    return k8s.Provider(
+        f"{name}-k8s",
+        kubeconfig=kubeconfig,
+        enable_server_side_apply=True,
+        opts=pulumi.ResourceOptions(parent=parent),
+    )
+
+
 def access_grants(settings: ClusterSettings) -> dict[str, tuple[str, str]]:
     """Stable key (``admin-<role name>``) -> (role ARN, access policy ARN) of every access entry."""
     grants = {}
@@ -142,12 +153,7 @@ class EksCluster(pulumi.ComponentResource):
         """Node selector of etcd, the operator and monitoring: our system nodes carry it."""
         self.cluster_security_group_id = self.eks.cluster_security_group_id
         self.kubeconfig = pulumi.Output.secret(self.eks.kubeconfig_json)
-        self.provider = k8s.Provider(
-            f"{name}-k8s",
-            kubeconfig=self.kubeconfig,
-            enable_server_side_apply=True,
-            opts=pulumi.ResourceOptions(parent=self),
-        )
+        self.provider = kubernetes_provider(name, self.kubeconfig, self)
         self.register_outputs(
             {
                 "cluster_name": self.cluster_name,
@@ -338,10 +344,5 @@ class ExistingCluster(pulumi.ComponentResource):
                 lambda parts: exec_kubeconfig(args.name, parts[0], parts[1], args.region)
             )
         )
-        self.provider = k8s.Provider(
-            f"{name}-k8s",
-            kubeconfig=self.kubeconfig,
-            enable_server_side_apply=True,
-            opts=pulumi.ResourceOptions(parent=self),
-        )
+        self.provider = kubernetes_provider(name, self.kubeconfig, self)
         self.register_outputs({"cluster_name": self.cluster_name, "kubeconfig": self.kubeconfig})

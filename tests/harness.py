@@ -7,7 +7,6 @@ import functools
 import json
 import os
 import shutil
-import socket
 from typing import Any, NoReturn
 
 import pytest
@@ -26,6 +25,7 @@ from offline.mocks import run_program
 from offline.recording import Recording, Registration, is_secret_value
 from offline.stacks import DUMMY_SECRETS, STACKS, secure, stack_config
 from training import config as training_config
+from training.ports import free_port
 
 __all__ = ["DUMMY_SECRETS", "STACKS", "Recording", "Registration", "run_program", "stack_config", "tolerates",
            "SECRETS", "raw_settings", "job_settings", "parse", "settings_error", "plain", "PYTORCHJOB", "job_of", "worker",
@@ -92,13 +92,6 @@ def require_tool(name: str, install: str) -> str:
     if path is None:
         tool_missing(f"{name} not found: {install}")
     return path
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def job_settings(**values: Any) -> JobSettings:

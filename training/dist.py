@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from training.ports import free_port
+
 SHARED_STORE_WARNING = (
     "torchrun shares its rendezvous TCPStore with the workers (TORCHELASTIC_USE_AGENT_STORE=True) "
     "and restarts are allowed: after a restart, workers can read the previous attempt's "
@@ -97,13 +99,6 @@ def check_locked_memory(devices: Path = EFA_DEVICES) -> str | None:
         print(f"[{socket.gethostname()}] ulimit -l: {_unit(soft)}; EFA devices: {'yes' if efa else 'no'}",
               file=sys.stderr, flush=True)
     return locked_memory_problem(soft, efa, _mem_total_bytes())
-
-
-def free_port() -> int:
-    """A TCP port on the loopback interface that is free now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def init_distributed(timeout_s: float | None = None) -> DistEnv:

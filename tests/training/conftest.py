@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from training.dist import free_port  # noqa: F401  (re-exported: the tests import it from here)
+from training.ports import free_port  # noqa: F401  (re-exported: the tests import it from here)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -95,6 +95,28 @@ class Run:
     def check(self) -> Run:
         assert self.returncode == 0, f"training failed ({self.returncode}):\n{self.output[-6000:]}"
         return self
+
+
+def two_agents(tmp_path: Path, name: str, launcher: list[str], *flags: str, nproc: int = 1,
+               env: dict | None = None, timeout: float = 240) -> list[Run]:
+    """Two torchrun agents ("nodes") of ``nproc`` processes each, started together with the
+    rendezvous flags ``launcher`` (or none, with ``env`` as the operator's ``PET_*``), the tiny
+    run with ``flags``, each agent's metrics in ``tmp_path/<name>-node<i>/``; run to their end."""
+    procs = []
+    for node in range(2):
+        work = tmp_path / f"{name}-node{node}"
+        work.mkdir()
+        cmd = torchrun_cmd(nproc, launcher) + [*TINY_FLAGS, *flags, "--metrics-file", str(work / "metrics.jsonl")]
+        procs.append((start(cmd, **(env or {})), work))
+    runs = []
+    for proc, work in procs:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        runs.append(Run(proc.returncode, out, work).check())
+    return runs
 
 
 def records_of(path: Path, skip: int = 0) -> list[dict]:

@@ -5,29 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.training.conftest import TINY_FLAGS, Run, start, torchrun_cmd
+from tests.training.conftest import Run, two_agents
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def _two_agents(tmp_path, tiny_cache, run_id: str, launcher: list[str], env: dict) -> list[Run]:
-    procs = []
-    for node in range(2):
-        work = tmp_path / f"{run_id}-node{node}"
-        work.mkdir()
-        cmd = torchrun_cmd(1, launcher) + [
-            *TINY_FLAGS, "--max-steps", "3", "--batch-size", "4", "--cache-dir", str(tiny_cache),
-            "--metrics-file", str(work / "metrics.jsonl")]
-        procs.append((start(cmd, **env), work))
-    runs = []
-    for proc, work in procs:
-        try:
-            out, _ = proc.communicate(timeout=240)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        runs.append(Run(proc.returncode, out, work).check())
-    return runs
+    """A 3-step tiny run of one process per agent."""
+    return two_agents(tmp_path, run_id, launcher, "--max-steps", "3", "--batch-size", "4",
+                      "--cache-dir", str(tiny_cache), env=env)
 
 
 def _assert_one_job_of_two(runs: list[Run]) -> None:

@@ -14,9 +14,8 @@ from tests.training.conftest import (
     Run,
     assert_losses_close,
     free_port,
-    start,
-    torchrun_cmd,
     train,
+    two_agents,
 )
 
 pytestmark = pytest.mark.timeout(300)
@@ -95,23 +94,11 @@ def test_hybrid_shard_two_nodes_of_two(reference, tmp_path, tiny_cache):
     ("nodes") x 2 processes, rendezvous through c10d, so the mesh is (replicate=2, shard=2)
     from LOCAL_WORLD_SIZE; --batch-size 2 keeps the global batch at 8 sequences. Same losses
     within SAME_MATH_RTOL."""
-    from tests.training.conftest import TINY_FLAGS
-
     port = free_port()
     launcher = ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
                 "--rdzv-id=hsdp-test"]
-    procs = []
-    for node in range(2):
-        work = tmp_path / f"node{node}"
-        work.mkdir()
-        cmd = torchrun_cmd(2, launcher) + [
-            *TINY_FLAGS, "--cache-dir", str(tiny_cache), "--batch-size", "2",
-            "--sharding", "HYBRID_SHARD", "--metrics-file", str(work / "metrics.jsonl")]
-        procs.append((start(cmd), work))
-    runs = []
-    for proc, work in procs:
-        out, _ = proc.communicate(timeout=280)
-        runs.append(Run(proc.returncode, out, work).check())
+    runs = two_agents(tmp_path, "hsdp", launcher, "--cache-dir", str(tiny_cache), "--batch-size", "2",
+                      "--sharding", "HYBRID_SHARD", nproc=2, timeout=280)
     leader = next(r for r in runs if r.steps())  # the agent that got global rank 0 logs
     assert "'replicate': 2, 'shard': 2" in leader.output, leader.output[-3000:]
     assert_losses_close(leader.losses(), reference.losses(), SAME_MATH_RTOL, "HYBRID_SHARD")

@@ -3,31 +3,13 @@
 Every number here is a fact of the EC2 instance type: the launch template's network interfaces,
 the PyTorchJob's GPU and EFA requests, the memory-fit check, the reservation rule and the
 scaling report's network all read this table. Adding an instance type is one row here and one
-stack file (README, "Changing things"). Sources: EC2 "EFA for accelerated instance types" guide
-(network cards, EFA interfaces, Gbit/s:
-https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html), the P5 and P4
-instance pages (GPUs, how p4de is sold: https://aws.amazon.com/ec2/instance-types/p5/,
-https://aws.amazon.com/ec2/instance-types/p4/). The GPU's own facts (memory, bf16 and float8
-peaks, NVLink) are its row in the training package's GPU table (training/hardware.py), which the
+stack file (README, "Changing things"). The GPU's own facts (memory, bf16 and float8 peaks,
+NVLink) are its row in the training package's GPU table (training/hardware.py), which the
 fine-tune reads too: a row names its GPU, and an instance type with a new GPU is a row there and
 a row here.
 
-p5e and p5en (8 x H200 141 GB each): the EFA page above ("P5 and P5e instances support up to 32
-network cards and up to 3200 Gbps"), the EC2 Capacity Blocks pricing page (p5e.48xlarge: 8 x H200,
-192 vCPUs, 2048 GiB, 1128 GB HBM3, 3200 Gigabit, sold as Capacity Blocks) and, for p5en, torchx's
-named resource ``aws_p5en_48xlarge`` (meta-pytorch/torchx#995: 192 vCPUs, 2048 GiB, 16 EFA
-devices) with the P5 page's 3200 Gbps of EFAv3 (16 cards of 200 Gbps). vCPUs and memory of
-every row: the instance type pages (p4de 96 vCPUs and 1152 GiB, p5/p5e/p5en 192 vCPUs and
-2048 GiB).
-
-Prices, USD per instance-hour, Linux, each with its basis (``price_basis``, printed with it):
-p5.48xlarge 55.04 on demand in us-east-1 after AWS's price cut of June 2025 ("up to 45 %" for
-P5; 98.32 before); p4de.24xlarge 27.45, the former 40.97 less the announced 33 % for P4d/P4de
-(this session could not re-read the on-demand page: check it before budgeting); p5en.48xlarge
-63.296 on demand in us-east-1, us-east-2 and us-west-2 (``dstack offer`` listing of August 2026,
-dstackai/dstack#4110); p5e.48xlarge has no on-demand price: 43.26 is its Capacity Block rate in
-us-east-2 until 2025-01-01 (EC2 Capacity Blocks pricing page; the rate follows supply and
-demand: the block's quote is the price). Other regions and Savings Plans differ.
+Where each row's numbers and price come from: docs/design.md, "GPU nodes and EFA", one bullet a
+row (a test keeps the bullets equal to the rows).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -144,6 +145,26 @@ def test_each_profile_names_a_gpu_with_a_known_peak():
         assert p.gpu_model in DATASHEET_BF16_TFLOPS, f"{name}: {p.gpu_model} is not a name torch reports"
         assert p.gpu.peak_bf16_flops == pytest.approx(DATASHEET_BF16_TFLOPS[p.gpu_model] * 1e12), name
     assert peak_bf16_flops("cpu") is None
+
+
+def design_bullet(instance_type: str) -> str:
+    """docs/design.md's bullet of an instance row, its lines joined."""
+    design = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text()
+    section = design.split("## GPU nodes and EFA", 1)[1].split("\n## ", 1)[0]
+    (bullet,) = [b for b in section.split("\n- ") if b.startswith(f"{instance_type}: ")]
+    return " ".join(bullet.split())
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_design_md_states_each_row_with_its_sources(name: str):
+    """docs/design.md is the one home of the rows' sources: its bullet for each row gives the
+    row's numbers, so a changed row without its source (or a source without its row) fails."""
+    p = PROFILES[name]
+    bullet = design_bullet(p.instance_type)
+    for fact in (f"{p.gpus} x ", f"{p.network_cards} network cards", f"{p.efa_interfaces} EFA",
+                 f"{p.network_gbps} Gbit/s", f"{p.vcpus} vCPU", f"{p.memory_gib} GiB", f"{p.usd_per_hour:g} USD an hour"):
+        assert fact in bullet, f"{name}: docs/design.md's bullet lacks {fact!r}"
+    assert ("reservation" in bullet or "Capacity Block" in bullet) == p.reservation_only, name
 
 
 def test_the_node_role_is_assumable_by_ec2(recording: Recording):

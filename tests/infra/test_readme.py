@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from components.planning.hardware import PROFILES
 from components.settings import SCALAR_KEYS, SECRET_KEYS, SECTIONS
 from components.settings_parser import section_keys
 from components.stack import Export
@@ -30,6 +31,15 @@ def test_every_settings_key_is_in_the_configuration_reference():
     ]
     missing += [key for key in (*SCALAR_KEYS, *SECRET_KEYS) if f"| `{key}` |" not in README]
     assert not missing, f"README configuration reference lacks {missing}"
+
+
+def test_the_profile_key_lists_every_row_and_no_other():
+    """The README names the profiles (with their instance types) in the configuration reference
+    only, and points at the rows for the rest: the sources live in docs/design.md."""
+    (row,) = [line for line in README.splitlines() if line.startswith("| `profile` |")]
+    named = dict(re.findall(r"`([\w-]+)` \(([\w.]+)\)", row))
+    assert named == {name: p.instance_type for name, p in PROFILES.items()}
+    assert "components/planning/hardware.py" in row
 
 
 def test_readme_names_the_two_commands():

@@ -84,58 +84,14 @@ def kube_prometheus_stack_values(
         "kubeEtcd": {"enabled": False},
         "kubeProxy": {"enabled": False},
         "prometheusOperator": {**on_system, "admissionWebhooks": {"patch": dict(on_system)}},
-        "prometheus": {
-            "prometheusSpec": {
-                **on_system,
-                # Select every monitor and rule of the cluster, not only those labelled with
-                # this release (the training job's PodMonitor lives in its own namespace).
-                "serviceMonitorSelectorNilUsesHelmValues": False,
-                "podMonitorSelectorNilUsesHelmValues": False,
-                "ruleSelectorNilUsesHelmValues": False,
-                "probeSelectorNilUsesHelmValues": False,
-                "scrapeConfigSelectorNilUsesHelmValues": False,
-                "retention": retention,
-                # Samples are dropped by age or before the disk fills, whichever comes first.
-                "retentionSize": f"{int(storage_gib * 0.85)}GB",
-                "storageSpec": {
-                    "volumeClaimTemplate": {
-                        "metadata": {"name": PROMETHEUS_VOLUME},
-                        "spec": {
-                            "storageClassName": storage_class,
-                            "accessModes": ["ReadWriteOnce"],
-                            "resources": {"requests": {"storage": f"{storage_gib}Gi"}},
-                        }
-                    }
-                },
-                # The claim is ours (module docstring): the StatefulSet must not garbage-collect it.
-                "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
-                "resources": {"requests": {"cpu": "500m", "memory": "2Gi"}},
-            }
-        },
+        "prometheus": {"prometheusSpec": _prometheus_spec(retention, storage_gib, storage_class, on_system)},
         "alertmanager": {
             "config": alertmanager_config(slack=slack, sns_topic_arn=sns_topic_arn),
             # Named, because its Pod Identity association names it.
             "serviceAccount": {"create": True, "name": ALERTMANAGER_SERVICE_ACCOUNT[1]},
             "alertmanagerSpec": {**on_system, "secrets": [SLACK_SECRET] if slack else []},
         },
-        "grafana": {
-            **on_system,
-            "fullnameOverride": GRAFANA_SERVICE,
-            "admin": {"existingSecret": GRAFANA_ADMIN_SECRET, "userKey": "admin-user", "passwordKey": "admin-password"},
-            "service": {"type": "ClusterIP"},
-            "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
-            "sidecar": {
-                # The two sidecars that load dashboards and data sources from ConfigMaps.
-                "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
-                              "limits": {"cpu": "200m", "memory": "256Mi"}},
-                "dashboards": {
-                    "enabled": True,
-                    "label": next(iter(DASHBOARD_LABEL)),
-                    "labelValue": DASHBOARD_LABEL["grafana_dashboard"],
-                    "searchNamespace": "ALL",
-                },
-            },
-        },
+        "grafana": _grafana_values(on_system),
         "kube-state-metrics": {
             **on_system,
             "fullnameOverride": f"{KPS_FULLNAME}-kube-state-metrics",
@@ -157,6 +113,59 @@ def kube_prometheus_stack_values(
             # default seccomp profile (the chart keeps its non-root user and read-only root).
             "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
             "containerSecurityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        },
+    }
+
+
+def _prometheus_spec(retention: str, storage_gib: int, storage_class: str,
+                     on_system: Mapping[str, Any]) -> dict[str, Any]:
+    """``prometheus.prometheusSpec``: what it scrapes, how long it keeps it, its own volume."""
+    return {
+        **on_system,
+        # Select every monitor and rule of the cluster, not only those labelled with
+        # this release (the training job's PodMonitor lives in its own namespace).
+        "serviceMonitorSelectorNilUsesHelmValues": False,
+        "podMonitorSelectorNilUsesHelmValues": False,
+        "ruleSelectorNilUsesHelmValues": False,
+        "probeSelectorNilUsesHelmValues": False,
+        "scrapeConfigSelectorNilUsesHelmValues": False,
+        "retention": retention,
+        # Samples are dropped by age or before the disk fills, whichever comes first.
+        "retentionSize": f"{int(storage_gib * 0.85)}GB",
+        "storageSpec": {
+            "volumeClaimTemplate": {
+                "metadata": {"name": PROMETHEUS_VOLUME},
+                "spec": {
+                    "storageClassName": storage_class,
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": f"{storage_gib}Gi"}},
+                }
+            }
+        },
+        # The claim is ours (module docstring): the StatefulSet must not garbage-collect it.
+        "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
+        "resources": {"requests": {"cpu": "500m", "memory": "2Gi"}},
+    }
+
+
+def _grafana_values(on_system: Mapping[str, Any]) -> dict[str, Any]:
+    """``grafana``: its admin Secret, its service, and the sidecar that loads our dashboard."""
+    return {
+        **on_system,
+        "fullnameOverride": GRAFANA_SERVICE,
+        "admin": {"existingSecret": GRAFANA_ADMIN_SECRET, "userKey": "admin-user", "passwordKey": "admin-password"},
+        "service": {"type": "ClusterIP"},
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+        "sidecar": {
+            # The two sidecars that load dashboards and data sources from ConfigMaps.
+            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
+                          "limits": {"cpu": "200m", "memory": "256Mi"}},
+            "dashboards": {
+                "enabled": True,
+                "label": next(iter(DASHBOARD_LABEL)),
+                "labelValue": DASHBOARD_LABEL["grafana_dashboard"],
+                "searchNamespace": "ALL",
+            },
         },
     }
 

@@ -6,49 +6,65 @@ import ipaddress
 import re
 
 from components import versions
-from components.settings import MAX_AVAILABILITY_ZONES, Problem, Settings
+from components.settings import MAX_AVAILABILITY_ZONES, NetworkSettings, Problem, Settings
 
 
 def network_rules(s: Settings) -> list[Problem]:
     if not s.creates_cluster:
         return []
     n = s.network
+    vpc = _new_vpc_problems(n) if n.existing_vpc_id is None else _existing_vpc_problems(n)
+    return vpc + _subnet_id_problems(n)
+
+
+def _new_vpc_problems(n: NetworkSettings) -> list[Problem]:
+    """The CIDR and the AZs of the VPC the stack creates."""
     problems = []
-    if n.existing_vpc_id is None:
-        try:
-            net = ipaddress.IPv4Network(n.vpc_cidr)
-            if net.prefixlen > 20:
-                problems.append(
-                    Problem("network.vpcCidr", n.vpc_cidr, "use a /20 or larger block (e.g. 10.0.0.0/16): "
-                            "pods take VPC IPs")
-                )
-            if net.prefixlen < 16:
-                problems.append(Problem("network.vpcCidr", n.vpc_cidr, "use a /16 to /20 block: a VPC's CIDR is "
-                                        "at most a /16 (EC2 CreateVpc), e.g. 10.0.0.0/16"))
-        except ValueError:
-            problems.append(Problem("network.vpcCidr", n.vpc_cidr, "give an IPv4 CIDR such as 10.0.0.0/16"))
-        azs = n.availability_zones
-        if len(set(azs)) < 2:
+    try:
+        net = ipaddress.IPv4Network(n.vpc_cidr)
+        if net.prefixlen > 20:
             problems.append(
-                Problem("network.availabilityZones", list(azs),
-                        "list at least two AZs of the region (EKS requires subnets in two AZs)")
+                Problem("network.vpcCidr", n.vpc_cidr, "use a /20 or larger block (e.g. 10.0.0.0/16): "
+                        "pods take VPC IPs")
             )
-        problems += [Problem("network.availabilityZones", az, "listed twice: list each AZ once")
-                     for az in sorted({az for az in azs if azs.count(az) > 1})]
-        if len(azs) > MAX_AVAILABILITY_ZONES:
-            problems.append(Problem("network.availabilityZones", list(azs),
-                                    f"list at most {MAX_AVAILABILITY_ZONES} AZs (the subnet plan of "
-                                    "components/network.py): the GPU AZ and a few others are enough"))
-    else:
-        if not VPC_ID.fullmatch(n.existing_vpc_id):
-            problems.append(Problem("network.existingVpcId", n.existing_vpc_id,
-                                    "give the VPC's id: vpc- and 8 or 17 hex digits (aws ec2 describe-vpcs)"))
-        for key, ids in (
-            ("network.existingPrivateSubnetIds", n.existing_private_subnet_ids),
-            ("network.existingGpuSubnetIds", n.existing_gpu_subnet_ids),
-        ):
-            if not ids:
-                problems.append(Problem(key, [], "with network.existingVpcId, list the subnet ids"))
+        if net.prefixlen < 16:
+            problems.append(Problem("network.vpcCidr", n.vpc_cidr, "use a /16 to /20 block: a VPC's CIDR is "
+                                    "at most a /16 (EC2 CreateVpc), e.g. 10.0.0.0/16"))
+    except ValueError:
+        problems.append(Problem("network.vpcCidr", n.vpc_cidr, "give an IPv4 CIDR such as 10.0.0.0/16"))
+    azs = n.availability_zones
+    if len(set(azs)) < 2:
+        problems.append(
+            Problem("network.availabilityZones", list(azs),
+                    "list at least two AZs of the region (EKS requires subnets in two AZs)")
+        )
+    problems += [Problem("network.availabilityZones", az, "listed twice: list each AZ once")
+                 for az in sorted({az for az in azs if azs.count(az) > 1})]
+    if len(azs) > MAX_AVAILABILITY_ZONES:
+        problems.append(Problem("network.availabilityZones", list(azs),
+                                f"list at most {MAX_AVAILABILITY_ZONES} AZs (the subnet plan of "
+                                "components/network.py): the GPU AZ and a few others are enough"))
+    return problems
+
+
+def _existing_vpc_problems(n: NetworkSettings) -> list[Problem]:
+    """The id of an existing VPC and the subnets the nodes need in it."""
+    problems = []
+    if not VPC_ID.fullmatch(n.existing_vpc_id):
+        problems.append(Problem("network.existingVpcId", n.existing_vpc_id,
+                                "give the VPC's id: vpc- and 8 or 17 hex digits (aws ec2 describe-vpcs)"))
+    for key, ids in (
+        ("network.existingPrivateSubnetIds", n.existing_private_subnet_ids),
+        ("network.existingGpuSubnetIds", n.existing_gpu_subnet_ids),
+    ):
+        if not ids:
+            problems.append(Problem(key, [], "with network.existingVpcId, list the subnet ids"))
+    return problems
+
+
+def _subnet_id_problems(n: NetworkSettings) -> list[Problem]:
+    """Subnet ids given: well formed, and only with the VPC they belong to."""
+    problems = []
     subnets = (("network.existingPrivateSubnetIds", n.existing_private_subnet_ids),
                ("network.existingPublicSubnetIds", n.existing_public_subnet_ids),
                ("network.existingGpuSubnetIds", n.existing_gpu_subnet_ids))

@@ -103,22 +103,7 @@ class Network(pulumi.ComponentResource):
         for plan in plan_subnets(args.settings.vpc_cidr, args.settings.availability_zones):
             az = plan.availability_zone
             pub = self._subnet(name, args, vpc, "public", az, plan.public_cidr, public_rt)
-            eip = aws.ec2.Eip(f"{name}-nat-{az}", domain="vpc", tags={"Name": f"{args.name}-nat-{az}"}, opts=child)
-            # One NAT per AZ: image pulls and dataset downloads of the GPU nodes stay in their AZ.
-            nat = aws.ec2.NatGateway(
-                f"{name}-nat-{az}",
-                subnet_id=pub.id,
-                allocation_id=eip.id,
-                tags={"Name": f"{args.name}-{az}"},
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[igw]),
-            )
-            rt = aws.ec2.RouteTable(
-                f"{name}-private-{az}",
-                vpc_id=vpc.id,
-                routes=[aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", nat_gateway_id=nat.id)],
-                tags={"Name": f"{args.name}-private-{az}"},
-                opts=child,
-            )
+            rt = self._private_route_table(name, args, vpc, igw, az, pub)
             priv = self._subnet(name, args, vpc, "private", az, plan.private_cidr, rt)
             private_route_tables.append(rt)
             private.append(priv.id)
@@ -138,6 +123,29 @@ class Network(pulumi.ComponentResource):
         self.private_subnet_ids = pulumi.Output.all(*private)
         self.public_subnet_ids = pulumi.Output.all(*public)
         self.gpu_subnet_ids = pulumi.Output.all(*gpu)
+
+    def _private_route_table(
+        self, name: str, args: NetworkArgs, vpc: aws.ec2.Vpc, igw: aws.ec2.InternetGateway, az: str,
+        public_subnet: aws.ec2.Subnet,
+    ) -> aws.ec2.RouteTable:
+        """The AZ's NAT gateway (in its public subnet) and the private route table through it.
+        One NAT per AZ: image pulls and dataset downloads of the GPU nodes stay in their AZ."""
+        child = pulumi.ResourceOptions(parent=self)
+        eip = aws.ec2.Eip(f"{name}-nat-{az}", domain="vpc", tags={"Name": f"{args.name}-nat-{az}"}, opts=child)
+        nat = aws.ec2.NatGateway(
+            f"{name}-nat-{az}",
+            subnet_id=public_subnet.id,
+            allocation_id=eip.id,
+            tags={"Name": f"{args.name}-{az}"},
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[igw]),
+        )
+        return aws.ec2.RouteTable(
+            f"{name}-private-{az}",
+            vpc_id=vpc.id,
+            routes=[aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", nat_gateway_id=nat.id)],
+            tags={"Name": f"{args.name}-private-{az}"},
+            opts=child,
+        )
 
     def _subnet(
         self, name: str, args: NetworkArgs, vpc: aws.ec2.Vpc, kind: str, az: str, cidr: str,

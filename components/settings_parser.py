@@ -347,10 +347,7 @@ def read_settings(
     profile_name = raw.get("profile")
     profile = PROFILES.get(profile_name) if isinstance(profile_name, str) else None
     if profile is None:
-        instance_types = {name: row.instance_type for name, row in PROFILES.items()}
-        problems.append(Problem("profile", profile_name,
-                                f"{one_of(profile_name, instance_types)} (components/planning/hardware.py: "
-                                f"{', '.join(f'{n} is {t}' for n, t in instance_types.items())})"))
+        problems.append(_unknown_profile(profile_name))
     sections = {
         key: _parse_job(raw.get(key, {}), problems) if cls is JobSettings
         else _parse_dataclass(raw.get(key, {}), cls, key, problems)
@@ -360,24 +357,32 @@ def read_settings(
     candidates = {profile_name: profile} if profile is not None else PROFILES
     runs = []
     for name, candidate in candidates.items():
-        settings = Settings(
-            project=project,
-            stack=stack,
-            region=region,
-            profile_name=name,
-            profile=candidate,
-            network=sections["network"] or NetworkSettings(),
-            cluster=sections["cluster"] or ClusterSettings(),
-            gpu_nodes=sections["gpuNodes"] or GpuNodeSettings(),
-            job=sections["job"] or JobSettings(),
-            observability=sections["observability"] or ObservabilitySettings(),
-            storage=sections["storage"] or StorageSettings(),
-            secrets=secrets or Secrets(),
-        )
+        settings = Settings(project=project, stack=stack, region=region, profile_name=name, profile=candidate,
+                            secrets=secrets or Secrets(), **_sections_or_defaults(sections))
         runs.append((settings, [p for rule in RULES for p in rule(settings)]))
     everywhere = set.intersection(*({str(p) for p in found} for _, found in runs))
     problems += [p for p in runs[0][1] if str(p) in everywhere and not names_any(p, unread)]
     return runs[0][0], [shown(p) for p in problems]
+
+
+def _unknown_profile(profile_name: object) -> Problem:
+    """A profile no row has: the known ones, each with its instance type."""
+    instance_types = {name: row.instance_type for name, row in PROFILES.items()}
+    return Problem("profile", profile_name,
+                   f"{one_of(profile_name, instance_types)} (components/planning/hardware.py: "
+                   f"{', '.join(f'{n} is {t}' for n, t in instance_types.items())})")
+
+
+def _sections_or_defaults(sections: Mapping[str, Any]) -> dict[str, Any]:
+    """The parsed sections as ``Settings`` fields, a section that could not be read at its defaults."""
+    return {
+        "network": sections["network"] or NetworkSettings(),
+        "cluster": sections["cluster"] or ClusterSettings(),
+        "gpu_nodes": sections["gpuNodes"] or GpuNodeSettings(),
+        "job": sections["job"] or JobSettings(),
+        "observability": sections["observability"] or ObservabilitySettings(),
+        "storage": sections["storage"] or StorageSettings(),
+    }
 
 
 def _account_problems_beside(settings: Settings, problems: list[Problem]) -> list[Problem]:

@@ -44,6 +44,8 @@ class Export(StrEnum):
     JOB_STATUS_COMMAND = "job_status_command"
     JOB_LOGS_COMMAND = "job_logs_command"
     JOB_DELETE_COMMAND = "job_delete_command"
+    JOB_MANIFEST = "job_manifest"
+    JOB_RERUN_COMMAND = "job_rerun_command"
     NODE_CHECK_MANIFEST = "node_check_manifest"
     NODE_CHECK_COMMAND = "node_check_command"
 
@@ -255,6 +257,8 @@ def _training(
         Export.JOB_STATUS_COMMAND: job.status_command,
         Export.JOB_LOGS_COMMAND: job.logs_command,
         Export.JOB_DELETE_COMMAND: job.delete_command,
+        Export.JOB_MANIFEST: job.manifest,
+        Export.JOB_RERUN_COMMAND: job.rerun_command,
         Export.NODE_CHECK_MANIFEST: job.node_check_manifest,
         Export.NODE_CHECK_COMMAND: job.node_check_command,
     }

@@ -75,7 +75,8 @@ def preview_line(settings: Settings) -> str | None:
 
 def scale_to_zero_command(cluster_name: str, node_group: str, max_size: int, region: str) -> str:
     """The AWS CLI command that scales the GPU node group to zero nodes (the instances terminate;
-    the next ``pulumi up`` sets the stack file's sizes again)."""
+    the next ``pulumi up`` sets the stack file's sizes again: it refreshes first, Pulumi.yaml
+    ``options.refresh: always``, so it sees the group's live sizes)."""
     return (f"aws eks update-nodegroup-config --cluster-name {cluster_name} --nodegroup-name {node_group} "
             f"--scaling-config minSize=0,maxSize={max_size},desiredSize=0 --region {region}")
 

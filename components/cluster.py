@@ -59,6 +59,9 @@ class KubernetesCluster(Protocol):
     """Where system workloads (etcd, the operator, monitoring) run; {} on a cluster not ours."""
     ready: Sequence[pulumi.Resource]
     """What in-cluster objects wait for: nodes and add-ons their pods need ([] when they exist)."""
+    dcgm_host_engine: pulumi.Resource | None
+    """What runs the GPU nodes' DCGM host engine (the node monitoring agent add-on), which
+    dcgm-exporter reads; None where the stack installs none: the exporter embeds its own."""
 
 
 def access_grants(settings: ClusterSettings) -> dict[str, tuple[str, str]]:
@@ -136,6 +139,7 @@ class EksCluster(pulumi.ComponentResource):
             pulumi.ResourceOptions(parent=self, depends_on=[self.eks, self.system_nodes]),
             configuration_values=json.dumps(versions.node_monitoring_agent_configuration([dict(GPU_TOLERATION)])),
         )
+        self.dcgm_host_engine = self.node_monitoring_agent
         self.ready: list[pulumi.Resource] = [self.pod_identity_agent, self.system_nodes, self.coredns]
         """What in-cluster workloads wait for: nodes to run on, cluster DNS and Pod Identity credentials."""
         self.system_node_selector = SYSTEM_NODE_LABEL
@@ -330,6 +334,9 @@ class ExistingCluster(pulumi.ComponentResource):
         self.cluster_name = args.name
         self.ready: list[pulumi.Resource] = []
         """Its nodes and add-ons exist already."""
+        self.dcgm_host_engine = None
+        """Whether it runs the node monitoring agent is not known here: dcgm-exporter embeds its
+        own host engine rather than crash-looping against a port nothing listens on."""
         self.system_node_selector: dict[str, str] = {}
         """Its nodes do not carry our system label: no selector."""
         found = aws.eks.get_cluster_output(name=args.name, opts=pulumi.InvokeOutputOptions(parent=self))

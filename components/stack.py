@@ -214,6 +214,7 @@ def _observability(
                 if settings.creates_cluster
                 else None
             ),
+            dcgm_host_engine=cluster.dcgm_host_engine,
             ready=cluster.ready,
         ),
     )

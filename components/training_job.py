@@ -424,8 +424,9 @@ def logs_command(namespace: str, name: str, max_nodes: int) -> str:
 
 
 def delete_command(namespace: str, name: str) -> str:
-    """kubectl that deletes the run: that frees the GPUs. The run does not start again by itself;
-    ``rerun_command`` starts it anew."""
+    """kubectl that deletes the run: that frees the GPUs. ``rerun_command`` starts it anew; the
+    next ``pulumi up`` (which refreshes first) also creates the stack's job again, under its own
+    name: a run stopped by a signal did not close its rendezvous id (module docstring)."""
     return f"kubectl -n {namespace} delete pytorchjob {name}"
 
 

@@ -33,10 +33,13 @@ NODE_ROLE_POLICIES = {
 }
 
 ADDON_CONFLICT_RESOLUTION = "OVERWRITE"
-"""``resolve_conflicts_on_create`` of every EKS add-on the stack creates. EKS bootstraps CoreDNS
-(and kube-proxy, the VPC CNI) as self-managed objects; without OVERWRITE, CreateAddon over them
-"might fail" (EKS API reference, CreateAddon ``resolveConflicts``; eksctl #5880, nebari #2537).
-pulumi-eks uses OVERWRITE for the add-ons it creates (kube-proxy, the VPC CNI)."""
+"""``resolve_conflicts_on_create`` and ``_on_update`` of every EKS add-on the stack creates. EKS
+bootstraps CoreDNS (and kube-proxy, the VPC CNI) as self-managed objects; without OVERWRITE,
+CreateAddon over them "might fail" (EKS API reference, CreateAddon ``resolveConflicts``; eksctl
+#5880, nebari #2537). A later pin bump is an UpdateAddon, which without a resolution "might
+fail" the same way where a field differs from EKS's default (UpdateAddon ``resolveConflicts``);
+the configuration we set is the one to keep. pulumi-eks uses OVERWRITE for both on the add-ons
+it creates (kube-proxy, the VPC CNI: ``KubeProxyAddonOptionsArgs`` defaults)."""
 
 ACCESS_POLICIES = {
     "admin": "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy",
@@ -172,6 +175,7 @@ class EksCluster(pulumi.ComponentResource):
             addon_name=addon,
             addon_version=versions.EKS_ADDONS[args.settings.kubernetes_version][addon],
             resolve_conflicts_on_create=ADDON_CONFLICT_RESOLUTION,
+            resolve_conflicts_on_update=ADDON_CONFLICT_RESOLUTION,
             configuration_values=configuration_values,
             opts=opts,
         )

@@ -25,8 +25,10 @@ is raised at once in one ``SettingsError``, as the parse does:
   does not exist yet (``aws.eks.get_clusters``), that role in ``cluster.adminRoleArns`` or
   ``viewerRoleArns`` is refused.
 - **Add-on pins.** ``aws.eks.get_addon_version(most_recent=True)`` gives the newest build EKS
-  offers of each add-on for the cluster's Kubernetes version; a pin newer than that does not
-  exist for the version and CreateAddon would fail after the cluster is up.
+  offers of each add-on the stack creates for the cluster's Kubernetes version; a pin newer than
+  that does not exist for the version and CreateAddon would fail after the cluster is up. An
+  add-on the stack does not create (CloudWatch with Container Insights off) is not asked about:
+  a region without it must not fail preview.
 
 And a warning, no error: a Kubernetes version past (or within 30 days of) its EKS standard
 support end (``versions.standard_support_warning``).
@@ -157,12 +159,21 @@ def creator_access_problems(settings: Settings, caller_arn: str) -> list[Problem
     ]
 
 
-def newest_addon_versions(kubernetes_version: str, region: str) -> dict[str, str]:
-    """Add-on name -> the newest build EKS offers for ``kubernetes_version``, for every pinned add-on."""
+def created_addons(settings: Settings) -> list[str]:
+    """The pinned add-ons this stack creates: the cluster's always; the EBS CSI driver with
+    observability (Prometheus' volume); CloudWatch only with Container Insights on."""
+    wanted = {"aws-ebs-csi-driver": settings.observability.enabled,
+              "amazon-cloudwatch-observability": (settings.observability.enabled
+                                                  and settings.observability.cloudwatch_container_insights)}
+    return [a for a in versions.EKS_ADDONS[settings.cluster.kubernetes_version] if wanted.get(a, True)]
+
+
+def newest_addon_versions(kubernetes_version: str, region: str, addons: list[str]) -> dict[str, str]:
+    """Add-on name -> the newest build EKS offers for ``kubernetes_version``, for each of ``addons``."""
     return {
         addon: aws.eks.get_addon_version(addon_name=addon, kubernetes_version=kubernetes_version,
                                          most_recent=True, region=region or None).version
-        for addon in versions.EKS_ADDONS[kubernetes_version]
+        for addon in addons
     }
 
 
@@ -172,14 +183,15 @@ def _version_key(version: str) -> tuple[int, ...]:
 
 
 def addon_pin_problems(kubernetes_version: str, newest: dict[str, str]) -> list[Problem]:
-    """Pins of ``kubernetes_version`` newer than the newest build EKS offers for it (pure)."""
+    """Pins of ``kubernetes_version`` newer than the newest build EKS offers for it, for the
+    add-ons in ``newest`` (pure)."""
     return [
         Problem("cluster.kubernetesVersion", kubernetes_version,
                 f"components/versions.py pins {addon} {pin}, which EKS does not offer for Kubernetes "
                 f"{kubernetes_version} (its newest: {newest[addon]}); pin a build from `aws eks "
                 f"describe-addon-versions --kubernetes-version {kubernetes_version} --addon-name {addon}`")
         for addon, pin in versions.EKS_ADDONS[kubernetes_version].items()
-        if _version_key(pin) > _version_key(newest[addon])
+        if addon in newest and _version_key(pin) > _version_key(newest[addon])
     ]
 
 
@@ -200,7 +212,7 @@ def account_problems(settings: Settings) -> tuple[list[Problem], list[Problem]]:
     if not cluster_exists(settings.name, region):
         problems += creator_access_problems(settings, caller_role_arn())
     if version in versions.EKS_ADDONS:
-        problems += addon_pin_problems(version, newest_addon_versions(version, region))
+        problems += addon_pin_problems(version, newest_addon_versions(version, region, created_addons(settings)))
     return problems, warnings
 
 

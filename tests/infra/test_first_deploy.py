@@ -89,6 +89,8 @@ def test_every_addon_overwrites_what_eks_bootstrapped(with_cloudwatch: Recording
             "amazon-cloudwatch-observability"} <= {a.inputs["addonName"] for a in addons}
     for a in addons:
         assert a.inputs.get("resolveConflictsOnCreate") == "OVERWRITE", a.inputs["addonName"]
+        # A pin bump is an UpdateAddon: the same resolution, or it may fail on a changed field.
+        assert a.inputs.get("resolveConflictsOnUpdate") == "OVERWRITE", a.inputs["addonName"]
 
 
 def test_node_groups_wait_for_the_node_role_policies_not_for_coredns(recording: Recording):
@@ -235,6 +237,19 @@ def test_preview_refuses_an_addon_pin_eks_does_not_offer_for_the_version():
     assert f"pins coredns {pin}, which EKS does not offer for Kubernetes 1.36 (its newest: v1.13.0-eksbuild.1)" in message
     assert "aws eks describe-addon-versions --kubernetes-version 1.36 --addon-name coredns" in message
     assert created == []
+
+
+@pytest.mark.parametrize("insights", [False, True])
+def test_preview_asks_only_about_the_addons_the_stack_creates(insights):
+    """With Container Insights off the stack creates no CloudWatch add-on: a region whose EKS has
+    no build of it as new as the pin must not fail preview; with it on, the same table is refused."""
+    newest = example_addon_versions() | {("amazon-cloudwatch-observability", "1.36"): "v0.0.1-eksbuild.1"}
+    config = variant_config("p5", observability={"cloudwatchContainerInsights": insights})
+    if insights:
+        message, _ = refused(config, "p5-cw-pin", addon_versions=newest)
+        assert "pins amazon-cloudwatch-observability" in message
+    else:
+        run_program(config, "p5-no-cw-pin", mocks=AwsLikeMocks(config["aws:region"], addon_versions=newest))
 
 
 def test_addon_pin_versions_compare_by_number_not_text():

@@ -489,3 +489,42 @@ def test_the_stack_name_must_make_valid_aws_and_kubernetes_names():
     assert "(stack name) = 'P5': 'fsdp-eks-P5'" in message and "pulumi stack rename" in message
     assert parse(raw_settings("p5"), Secrets(hf_token="x", grafana_admin_password="y"), stack="p5-team").name == (
         "fsdp-eks-p5-team")
+
+
+PREVIEW_PERMISSIONS = {
+    "aws:index/getAvailabilityZones:getAvailabilityZones": ("ec2:DescribeAvailabilityZones",),
+    "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings": ("ec2:DescribeInstanceTypeOfferings",),
+    # By quota code the data source calls GetAWSDefaultServiceQuota, then GetServiceQuota
+    # (terraform-provider-aws internal/service/servicequotas/service_quota_data_source.go,
+    # dataSourceServiceQuotaRead: findServiceQuotaDefaultByID before findServiceQuotaByID).
+    "aws:servicequotas/getServiceQuota:getServiceQuota": ("servicequotas:GetAWSDefaultServiceQuota",
+                                                          "servicequotas:GetServiceQuota"),
+    "aws:eks/getClusters:getClusters": ("eks:ListClusters",),
+    "aws:eks/getAddonVersion:getAddonVersion": ("eks:DescribeAddonVersions",),
+    "aws:iam/getSessionContext:getSessionContext": ("iam:GetRole",),
+}
+"""The account reads of preview's checks (components/preflight.py) and the IAM actions each needs."""
+
+
+class InvokeRecordingMocks(AwsLikeMocks):
+    def __init__(self, region: str):
+        super().__init__(region)
+        self.invoked: set[str] = set()
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        self.invoked.add(args.token)
+        return super().call(args)
+
+
+def test_readme_lists_every_permission_preview_needs():
+    """A least-privilege deployer must not meet AccessDenied at preview: every read preview makes
+    happens (under mocks) and README's prerequisites name each IAM action it needs."""
+    config = variant_config("p5")
+    mocks = InvokeRecordingMocks(config["aws:region"])
+    run_program(config, "p5-permissions", mocks=mocks)
+    assert set(PREVIEW_PERMISSIONS) <= mocks.invoked
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    prerequisites = readme.split("## Prerequisites", 1)[1].split("\n## ", 1)[0]
+    for token, actions in PREVIEW_PERMISSIONS.items():
+        for action in actions:
+            assert f"`{action}`" in prerequisites, f"{token} needs {action}"

@@ -27,6 +27,7 @@ from components.gpu_nodes import container_rlimits
 from components.preflight import EKS_UNSUPPORTED_ZONE_IDS, addon_pin_problems, quota_problems, zone_problems
 from components.settings import Secrets, SettingsError
 from offline import plan, stacks
+from offline import mocks as offline_mocks
 from offline.mocks import AwsLikeMocks, example_addon_versions
 from tests.harness import (
     HELM,
@@ -502,13 +503,14 @@ PREVIEW_PERMISSIONS = {
     "aws:eks/getClusters:getClusters": ("eks:ListClusters",),
     "aws:eks/getAddonVersion:getAddonVersion": ("eks:DescribeAddonVersions",),
     "aws:iam/getSessionContext:getSessionContext": ("iam:GetRole",),
+    "aws:ec2/getCapacityBlockReservation:getCapacityBlockReservation": ("ec2:DescribeCapacityReservations",),
 }
 """The account reads of preview's checks (components/preflight.py) and the IAM actions each needs."""
 
 
 class InvokeRecordingMocks(AwsLikeMocks):
-    def __init__(self, region: str):
-        super().__init__(region)
+    def __init__(self, region: str, capacity_blocks: dict):
+        super().__init__(region, capacity_blocks=capacity_blocks)
         self.invoked: set[str] = set()
 
     def call(self, args: pulumi.runtime.MockCallArgs):
@@ -519,8 +521,8 @@ class InvokeRecordingMocks(AwsLikeMocks):
 def test_readme_lists_every_permission_preview_needs():
     """A least-privilege deployer must not meet AccessDenied at preview: every read preview makes
     happens (under mocks) and README's prerequisites name each IAM action it needs."""
-    config = variant_config("p5")
-    mocks = InvokeRecordingMocks(config["aws:region"])
+    config = variant_config("p5", gpuNodes={"capacityReservationId": "cr-0abc1234def567890", "capacityBlock": True})
+    mocks = InvokeRecordingMocks(config["aws:region"], offline_mocks.example_capacity_blocks(config))
     run_program(config, "p5-permissions", mocks=mocks)
     assert set(PREVIEW_PERMISSIONS) <= mocks.invoked
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -528,3 +530,23 @@ def test_readme_lists_every_permission_preview_needs():
     for token, actions in PREVIEW_PERMISSIONS.items():
         for action in actions:
             assert f"`{action}`" in prerequisites, f"{token} needs {action}"
+
+
+BLOCK_ID = "cr-0abc1234def567890"
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"state": "scheduled"}, "the capacity block is scheduled (it runs from 2026-01-01T00:00:00Z"),
+    ({"state": "expired"}, "the capacity block is expired"),
+    ({"availabilityZone": "us-west-2d"}, f"the capacity block {BLOCK_ID} is in us-west-2d"),
+    ({"instanceType": "p4de.24xlarge"}, "the capacity block holds p4de.24xlarge, the profile needs p5.48xlarge"),
+    ({"instanceCount": 1}, f"the capacity block {BLOCK_ID} holds 1 instances"),
+])
+def test_preview_refuses_a_capacity_block_the_nodes_cannot_launch_into(change, expected):
+    """Checked at preview with ``aws.ec2.get_capacity_block_reservation`` (state, dates, AZ, type,
+    count), not 20 minutes into `up` when the node group fails after EKS, NAT and FSx bill."""
+    config = variant_config("p5", gpuNodes={"capacityReservationId": BLOCK_ID, "capacityBlock": True,
+                                            "desiredSize": 2, "maxSize": 2})
+    block = offline_mocks.example_capacity_blocks(config)[BLOCK_ID] | change
+    message, created = refused(config, "p5-block", capacity_blocks={BLOCK_ID: block})
+    assert expected in message and created == []

@@ -33,10 +33,13 @@ NODE_ROLE_POLICIES = {
 }
 
 ADDON_CONFLICT_RESOLUTION = "OVERWRITE"
-"""``resolve_conflicts_on_create`` of every EKS add-on the stack creates. EKS bootstraps CoreDNS
-(and kube-proxy, the VPC CNI) as self-managed objects; without OVERWRITE, CreateAddon over them
-"might fail" (EKS API reference, CreateAddon ``resolveConflicts``; eksctl #5880, nebari #2537).
-pulumi-eks uses OVERWRITE for the add-ons it creates (kube-proxy, the VPC CNI)."""
+"""``resolve_conflicts_on_create`` and ``_on_update`` of every EKS add-on the stack creates. EKS
+bootstraps CoreDNS (and kube-proxy, the VPC CNI) as self-managed objects; without OVERWRITE,
+CreateAddon over them "might fail" (EKS API reference, CreateAddon ``resolveConflicts``; eksctl
+#5880, nebari #2537). A later pin bump is an UpdateAddon, which without a resolution "might
+fail" the same way where a field differs from EKS's default (UpdateAddon ``resolveConflicts``);
+the configuration we set is the one to keep. pulumi-eks uses OVERWRITE for both on the add-ons
+it creates (kube-proxy, the VPC CNI: ``KubeProxyAddonOptionsArgs`` defaults)."""
 
 ACCESS_POLICIES = {
     "admin": "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy",
@@ -59,6 +62,9 @@ class KubernetesCluster(Protocol):
     """Where system workloads (etcd, the operator, monitoring) run; {} on a cluster not ours."""
     ready: Sequence[pulumi.Resource]
     """What in-cluster objects wait for: nodes and add-ons their pods need ([] when they exist)."""
+    dcgm_host_engine: pulumi.Resource | None
+    """What runs the GPU nodes' DCGM host engine (the node monitoring agent add-on), which
+    dcgm-exporter reads; None where the stack installs none: the exporter embeds its own."""
 
 
 def kubernetes_provider(name: str, kubeconfig: pulumi.Output[str], parent: pulumi.Resource) -> k8s.Provider:
@@ -147,6 +153,7 @@ class EksCluster(pulumi.ComponentResource):
             pulumi.ResourceOptions(parent=self, depends_on=[self.eks, self.system_nodes]),
             configuration_values=json.dumps(versions.node_monitoring_agent_configuration([dict(GPU_TOLERATION)])),
         )
+        self.dcgm_host_engine = self.node_monitoring_agent
         self.ready: list[pulumi.Resource] = [self.pod_identity_agent, self.system_nodes, self.coredns]
         """What in-cluster workloads wait for: nodes to run on, cluster DNS and Pod Identity credentials."""
         self.system_node_selector = SYSTEM_NODE_LABEL
@@ -174,6 +181,7 @@ class EksCluster(pulumi.ComponentResource):
             addon_name=addon,
             addon_version=versions.EKS_ADDONS[args.settings.kubernetes_version][addon],
             resolve_conflicts_on_create=ADDON_CONFLICT_RESOLUTION,
+            resolve_conflicts_on_update=ADDON_CONFLICT_RESOLUTION,
             configuration_values=configuration_values,
             opts=opts,
         )
@@ -336,6 +344,9 @@ class ExistingCluster(pulumi.ComponentResource):
         self.cluster_name = args.name
         self.ready: list[pulumi.Resource] = []
         """Its nodes and add-ons exist already."""
+        self.dcgm_host_engine = None
+        """Whether it runs the node monitoring agent is not known here: dcgm-exporter embeds its
+        own host engine rather than crash-looping against a port nothing listens on."""
         self.system_node_selector: dict[str, str] = {}
         """Its nodes do not carry our system label: no selector."""
         found = aws.eks.get_cluster_output(name=args.name, opts=pulumi.InvokeOutputOptions(parent=self))

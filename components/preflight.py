@@ -24,9 +24,16 @@ is raised at once in one ``SettingsError``, as the parse does:
   ``aws.iam.get_session_context`` give the role behind the caller's session; while the cluster
   does not exist yet (``aws.eks.get_clusters``), that role in ``cluster.adminRoleArns`` or
   ``viewerRoleArns`` is refused.
+- **A capacity block.** ``aws.ec2.get_capacity_block_reservation`` gives its state, dates, AZ,
+  instance type and count: a block that has not started or has ended, sits in another AZ, holds
+  another type or fewer instances than the group's nodes fails the node group about 20 minutes
+  into ``up``, after EKS, NAT and FSx bill: refused. (An On-Demand Capacity Reservation has no
+  read data source in this pulumi-aws: README's checklist row stays the check.)
 - **Add-on pins.** ``aws.eks.get_addon_version(most_recent=True)`` gives the newest build EKS
-  offers of each add-on for the cluster's Kubernetes version; a pin newer than that does not
-  exist for the version and CreateAddon would fail after the cluster is up.
+  offers of each add-on the stack creates for the cluster's Kubernetes version; a pin newer than
+  that does not exist for the version and CreateAddon would fail after the cluster is up. An
+  add-on the stack does not create (CloudWatch with Container Insights off) is not asked about:
+  a region without it must not fail preview.
 
 And a warning, no error: a Kubernetes version past (or within 30 days of) its EKS standard
 support end (``versions.standard_support_warning``).
@@ -157,12 +164,21 @@ def creator_access_problems(settings: Settings, caller_arn: str) -> list[Problem
     ]
 
 
-def newest_addon_versions(kubernetes_version: str, region: str) -> dict[str, str]:
-    """Add-on name -> the newest build EKS offers for ``kubernetes_version``, for every pinned add-on."""
+def created_addons(settings: Settings) -> list[str]:
+    """The pinned add-ons this stack creates: the cluster's always; the EBS CSI driver with
+    observability (Prometheus' volume); CloudWatch only with Container Insights on."""
+    wanted = {"aws-ebs-csi-driver": settings.observability.enabled,
+              "amazon-cloudwatch-observability": (settings.observability.enabled
+                                                  and settings.observability.cloudwatch_container_insights)}
+    return [a for a in versions.EKS_ADDONS[settings.cluster.kubernetes_version] if wanted.get(a, True)]
+
+
+def newest_addon_versions(kubernetes_version: str, region: str, addons: list[str]) -> dict[str, str]:
+    """Add-on name -> the newest build EKS offers for ``kubernetes_version``, for each of ``addons``."""
     return {
         addon: aws.eks.get_addon_version(addon_name=addon, kubernetes_version=kubernetes_version,
                                          most_recent=True, region=region or None).version
-        for addon in versions.EKS_ADDONS[kubernetes_version]
+        for addon in addons
     }
 
 
@@ -172,15 +188,48 @@ def _version_key(version: str) -> tuple[int, ...]:
 
 
 def addon_pin_problems(kubernetes_version: str, newest: dict[str, str]) -> list[Problem]:
-    """Pins of ``kubernetes_version`` newer than the newest build EKS offers for it (pure)."""
+    """Pins of ``kubernetes_version`` newer than the newest build EKS offers for it, for the
+    add-ons in ``newest`` (pure)."""
     return [
         Problem("cluster.kubernetesVersion", kubernetes_version,
                 f"components/versions.py pins {addon} {pin}, which EKS does not offer for Kubernetes "
                 f"{kubernetes_version} (its newest: {newest[addon]}); pin a build from `aws eks "
                 f"describe-addon-versions --kubernetes-version {kubernetes_version} --addon-name {addon}`")
         for addon, pin in versions.EKS_ADDONS[kubernetes_version].items()
-        if _version_key(pin) > _version_key(newest[addon])
+        if addon in newest and _version_key(pin) > _version_key(newest[addon])
     ]
+
+
+def capacity_block(reservation_id: str, region: str) -> dict[str, object]:
+    """The capacity block's state, dates, AZ, instance type and instance count."""
+    b = aws.ec2.get_capacity_block_reservation(id=reservation_id, region=region or None)
+    return {"state": b.state, "start": b.start_date, "end": b.end_date, "zone": b.availability_zone,
+            "instance_type": b.instance_type, "count": b.instance_count}
+
+
+def capacity_block_problems(settings: Settings, block: dict[str, object]) -> list[Problem]:
+    """What makes the GPU node group fail to launch into the capacity block (pure): not active
+    (scheduled, expired, ...), another AZ, another instance type, fewer instances than nodes."""
+    g, key = settings.gpu_nodes, "gpuNodes.capacityReservationId"
+    rid = g.capacity_reservation_id
+    look = (f"aws ec2 describe-capacity-reservations --capacity-reservation-ids {rid} "
+            f"--region {settings.region}")
+    problems = []
+    if block["state"] != "active":
+        problems.append(Problem(key, rid, f"the capacity block is {block['state']} (it runs from {block['start']} "
+                                          f"to {block['end']}): nodes launch into it only while it is active; "
+                                          f"run `pulumi up` then ({look})"))
+    if g.availability_zone and block["zone"] != g.availability_zone:
+        problems.append(Problem("gpuNodes.availabilityZone", g.availability_zone,
+                                f"the capacity block {rid} is in {block['zone']}: set gpuNodes.availabilityZone to it"))
+    if block["instance_type"] != settings.profile.instance_type:
+        problems.append(Problem(key, rid, f"the capacity block holds {block['instance_type']}, the profile needs "
+                                          f"{settings.profile.instance_type}: choose the block of that type or "
+                                          "the profile of the block's"))
+    if int(block["count"]) < g.desired_size:
+        problems.append(Problem("gpuNodes.desiredSize", g.desired_size,
+                                f"the capacity block {rid} holds {block['count']} instances: at most that many nodes"))
+    return problems
 
 
 def account_problems(settings: Settings) -> tuple[list[Problem], list[Problem]]:
@@ -199,8 +248,11 @@ def account_problems(settings: Settings) -> tuple[list[Problem], list[Problem]]:
     problems += quota
     if not cluster_exists(settings.name, region):
         problems += creator_access_problems(settings, caller_role_arn())
+    g = settings.gpu_nodes
+    if g.capacity_block and g.capacity_reservation_id is not None:
+        problems += capacity_block_problems(settings, capacity_block(g.capacity_reservation_id, region))
     if version in versions.EKS_ADDONS:
-        problems += addon_pin_problems(version, newest_addon_versions(version, region))
+        problems += addon_pin_problems(version, newest_addon_versions(version, region, created_addons(settings)))
     return problems, warnings
 
 

@@ -44,6 +44,8 @@ class Export(StrEnum):
     JOB_STATUS_COMMAND = "job_status_command"
     JOB_LOGS_COMMAND = "job_logs_command"
     JOB_DELETE_COMMAND = "job_delete_command"
+    JOB_MANIFEST = "job_manifest"
+    JOB_RERUN_COMMAND = "job_rerun_command"
     NODE_CHECK_MANIFEST = "node_check_manifest"
     NODE_CHECK_COMMAND = "node_check_command"
 
@@ -73,7 +75,8 @@ def preview_line(settings: Settings) -> str | None:
 
 def scale_to_zero_command(cluster_name: str, node_group: str, max_size: int, region: str) -> str:
     """The AWS CLI command that scales the GPU node group to zero nodes (the instances terminate;
-    the next ``pulumi up`` sets the stack file's sizes again)."""
+    the next ``pulumi up`` sets the stack file's sizes again: it refreshes first, Pulumi.yaml
+    ``options.refresh: always``, so it sees the group's live sizes)."""
     return (f"aws eks update-nodegroup-config --cluster-name {cluster_name} --nodegroup-name {node_group} "
             f"--scaling-config minSize=0,maxSize={max_size},desiredSize=0 --region {region}")
 
@@ -211,6 +214,7 @@ def _observability(
                 if settings.creates_cluster
                 else None
             ),
+            dcgm_host_engine=cluster.dcgm_host_engine,
             ready=cluster.ready,
         ),
     )
@@ -255,6 +259,8 @@ def _training(
         Export.JOB_STATUS_COMMAND: job.status_command,
         Export.JOB_LOGS_COMMAND: job.logs_command,
         Export.JOB_DELETE_COMMAND: job.delete_command,
+        Export.JOB_MANIFEST: job.manifest,
+        Export.JOB_RERUN_COMMAND: job.rerun_command,
         Export.NODE_CHECK_MANIFEST: job.node_check_manifest,
         Export.NODE_CHECK_COMMAND: job.node_check_command,
     }

@@ -8,6 +8,15 @@ previous run's state in etcd). An unchanged spec renders the same name and Pulum
 nothing, so a finished job is not run again. For that the job object must stay in the cluster
 after it finishes: no ``ttlSecondsAfterFinished``.
 
+**Every invocation rendezvouses under its own id.** torchrun closes the rendezvous of its run id
+when the run ends, succeeded or failed (torch ``launcher/api.py``, ``launch_agent``: ``finally:
+rdzv_handler.shutdown()``; only a signal skips it), and both etcd backends refuse a closed id
+(``RendezvousClosedError``) until its etcd key expires two hours later (``etcd_rendezvous.py``
+``CONST_RUNID_SUBROOT_TTL``, ``etcd_rendezvous_backend.py`` ``_DEFAULT_TTL``: 7,200 s). So the
+same object may not simply be created again: the node check command and the re-run command
+(``rerun_command``) create a copy of the stack output's manifest whose name, and with it
+``rdzvId``, run label and run directory, carries the invocation's time (``fresh_run_command``).
+
 **Elastic launch.** The operator turns ``elasticPolicy`` into torchrun's environment
 (``PET_RDZV_BACKEND``, ``PET_RDZV_ENDPOINT``, ``PET_NNODES=min:max``, ``PET_MAX_RESTARTS``,
 ``PET_RDZV_ID``, and ``PET_NPROC_PER_NODE`` from ``spec.nprocPerNode``). The command therefore
@@ -89,6 +98,15 @@ NCCL_TRACE_BUFFER_SIZE = 2000
 MAX_NAME = 50
 """The job name plus ``-worker-<index>`` must stay a 63-character DNS label (pod and Service)."""
 HASH_LENGTH = 10
+INVOCATION_STAMP = "$(date -u +%m%d%H%M%S)"
+"""Shell: the invocation's UTC time to the second, the suffix of a re-run's or a node check's
+name. Unique for far longer than the two hours a closed run id stays in etcd; two invocations
+in one second get one name, and ``kubectl create`` refuses the second (AlreadyExists) rather
+than letting it share the first's rendezvous."""
+INVOCATION_STAMP_LENGTH = 10
+"""Characters the stamp prints (``MMDDhhmmss``)."""
+BASE_NAME = MAX_NAME - INVOCATION_STAMP_LENGTH - 1
+"""The rendered name's limit: room is left for ``-<stamp>``."""
 RUN = "@RUN@"
 """Placeholder for the run's name while the manifest is hashed."""
 RUN_LABEL = "fsdp-eks/run"
@@ -124,11 +142,12 @@ PREPARE_SECURITY = {
     },
 }
 """The init container's security context: root with only what ``mkdir`` and ``chown`` need."""
-LABELS = {"app.kubernetes.io/name": "fsdp-finetune", "app.kubernetes.io/part-of": "fsdp-eks",
-          "app.kubernetes.io/component": "training"}
+RENDEZVOUS_CLIENT_LABELS = {"app.kubernetes.io/name": "fsdp-finetune", "app.kubernetes.io/part-of": "fsdp-eks"}
+"""On the pods of every run and every node check: what etcd's NetworkPolicy admits."""
+LABELS = {**RENDEZVOUS_CLIENT_LABELS, "app.kubernetes.io/component": "training"}
 """On every run's pods, so one PodMonitor scrapes every run."""
 CHECK_LABELS = {"app.kubernetes.io/component": "node-check"}
-"""What the node check job's objects carry instead of the training component."""
+"""What the node check job's objects carry instead of the training component (not scraped)."""
 NODE_CHECK_NAME = "node-check"
 NODE_CHECK_GRACE_S = 900
 """Seconds the node check command waits beyond the check's own limit: scheduling, the image
@@ -139,7 +158,7 @@ NODE_CHECK_POLL_S = 10
 # --------------------------------------------------------------------------- the pure builders
 
 
-def model_slug(model: str, limit: int = MAX_NAME - HASH_LENGTH - 1) -> str:
+def model_slug(model: str, limit: int = BASE_NAME - HASH_LENGTH - 1) -> str:
     """A DNS-1035 label from a model id: ``meta-llama/Llama-2-7b-hf`` -> ``llama-2-7b-hf``."""
     last = model.rstrip("/").rsplit("/", 1)[-1].lower()
     slug = re.sub(r"[^a-z0-9]+", "-", last).strip("-")
@@ -404,27 +423,46 @@ def logs_command(namespace: str, name: str, max_nodes: int) -> str:
 
 
 def delete_command(namespace: str, name: str) -> str:
-    """kubectl that deletes the run: that frees the GPUs; a later `pulumi up` (after a refresh)
-    starts the run again."""
+    """kubectl that deletes the run: that frees the GPUs. ``rerun_command`` starts it anew; the
+    next ``pulumi up`` (which refreshes first) also creates the stack's job again, under its own
+    name: a run stopped by a signal did not close its rendezvous id (module docstring)."""
     return f"kubectl -n {namespace} delete pytorchjob {name}"
 
 
+def fresh_run_command(output: str, name: str) -> str:
+    """Shell that creates a new run from the stack output ``output`` (a PyTorchJob named ``name``)
+    and sets ``$run`` to its name: ``name`` with the invocation's time appended everywhere it
+    appears (object name, ``rdzvId``, run label, run directory), so every invocation rendezvouses
+    under its own id (module docstring)."""
+    return (f'run="{name}-{INVOCATION_STAMP}" && '
+            f'pulumi stack output {output} --json | sed "s/{name}/$run/g" | kubectl create -f -')
+
+
+def rerun_command(namespace: str, name: str, max_nodes: int) -> str:
+    """Start the stack's run again as a new job (after it finished, failed or was deleted) and
+    print the new job's name and the command that follows its log."""
+    return (f"{fresh_run_command('job_manifest', name)} && "
+            f"echo \"$run\"; echo \"logs: {logs_command(namespace, '$run', max_nodes)}\"")
+
+
 def node_check_command(namespace: str, name: str, max_nodes: int, timeout_s: int) -> str:
-    """Create the one-off node check job from the stack output ``node_check_manifest``, wait until
-    it succeeded or failed, print rank 0's table, delete the job (its report stays in its run
-    directory's metrics.jsonl) and print its end state; the command's exit status is 0 only when
-    the check succeeded. The GPUs must be free: its pods wait while a training job holds them."""
-    job = f"kubectl -n {namespace} get pytorchjob {name}"
+    """Create a one-off node check job from the stack output ``node_check_manifest`` (a new name and
+    rendezvous id on every invocation, ``fresh_run_command``), wait until it succeeded or failed,
+    print rank 0's table, delete the job (its report stays in its run directory's metrics.jsonl)
+    and print its end state; the command's exit status is 0 only when the check succeeded. The
+    GPUs must be free: its pods wait while a training job holds them."""
+    run = '"$run"'
+    job = f"kubectl -n {namespace} get pytorchjob {run}"
     finished = job + " -o jsonpath='{.status.conditions[?(@.status==\"True\")].type}'"
     polls = (timeout_s + NODE_CHECK_GRACE_S) // NODE_CHECK_POLL_S
     return (
-        "pulumi stack output node_check_manifest --json | kubectl create -f - && "
+        f"{fresh_run_command('node_check_manifest', name)} && "
         f"for _ in $(seq {polls}); do {finished} | grep -qE 'Succeeded|Failed' && break; "
         f"sleep {NODE_CHECK_POLL_S}; done; "
-        f"kubectl -n {namespace} logs -l {RUN_LABEL}={name} -c {CONTAINER} --tail=-1 "
+        f"kubectl -n {namespace} logs -l {RUN_LABEL}={run} -c {CONTAINER} --tail=-1 "
         f"--max-log-requests={max_nodes} | grep -F '[rank 0]'; "
         f"state=$({job} -o jsonpath='{{.status.conditions[-1].type}}{{\"\\n\"}}'); "
-        f"{delete_command(namespace, name)}; echo \"$state\"; [ \"$state\" = Succeeded ]"
+        f"{delete_command(namespace, run)}; echo \"$state\"; [ \"$state\" = Succeeded ]"
     )
 
 
@@ -474,7 +512,7 @@ class TrainingJob(pulumi.ComponentResource):
                 f"{name}-etcd",
                 rendezvous.RendezvousArgs(
                     namespace=ns, provider=args.provider, node_selector=args.system_node_selector,
-                    client_labels=LABELS, depends_on=[self.namespace],
+                    client_labels=RENDEZVOUS_CLIENT_LABELS, depends_on=[self.namespace],
                 ),
                 opts=pulumi.ResourceOptions(parent=self),
             )
@@ -527,10 +565,12 @@ class TrainingJob(pulumi.ComponentResource):
         self.status_command = self.job_name.apply(lambda n: status_command(ns, n))
         self.logs_command = self.job_name.apply(lambda n: logs_command(ns, n, max_nodes))
         self.delete_command = self.job_name.apply(lambda n: delete_command(ns, n))
+        self.rerun_command = self.job_name.apply(lambda n: rerun_command(ns, n, max_nodes))
         self.node_check_command = self.node_check_manifest.apply(
             lambda m: node_check_command(ns, m["metadata"]["name"], max_nodes, check_timeout_s))
         self.register_outputs({"job_name": self.job_name, "namespace": ns, "status_command": self.status_command,
                                "logs_command": self.logs_command, "delete_command": self.delete_command,
+                               "manifest": self.manifest, "rerun_command": self.rerun_command,
                                "node_check_manifest": self.node_check_manifest,
                                "node_check_command": self.node_check_command})
 

@@ -286,8 +286,14 @@ TRAINING_OPERATOR_IMAGE = "ghcr.io/kubeflow/training-v1/training-operator:v1-93c
 """The operator image the v1.9.4 standalone overlay sets (its ``images:`` entry); a test checks."""
 
 TRAINING_IMAGE_BUILD_ARGS: dict[str, str] = {
-    # CUDA 13.0 userspace: needs the R580+ driver of the EKS AL2023 NVIDIA AMI.
-    "CUDA_IMAGE": "nvcr.io/nvidia/cuda:13.0.2-devel-ubuntu22.04",
+    # CUDA 13.0 userspace: needs the R580+ driver of the EKS AL2023 NVIDIA AMI. Ubuntu 24.04:
+    # Python 3.12 (22.04's 3.10 is past end of life, October 2026). A dry-run resolve of
+    # training/requirements.txt for Python 3.12 on manylinux x86_64 (2026-12-03) gives
+    # transformers 5.24.0, tokenizers 0.23.3, huggingface_hub 2.4.0, datasets 5.2.0,
+    # safetensors 0.8.0, torchao 0.17.0; torch is TORCH_VERSION from TORCH_INDEX_URL.
+    "CUDA_IMAGE": "nvcr.io/nvidia/cuda:13.0.2-devel-ubuntu24.04",
+    # What the build asserts python3 is (the base image's Ubuntu release decides it).
+    "PYTHON_VERSION": "3.12",
     # Bundles libfabric (EFA provider) and aws-ofi-nccl under /opt/amazon/ofi-nccl.
     "EFA_INSTALLER_VERSION": "1.48.0",
     "TORCH_VERSION": "2.11.0",

@@ -69,6 +69,19 @@ def example_offerings(region: str, instance_type: str) -> tuple[str, ...]:
     return EXAMPLE_OFFERINGS.get((region, profiles[0].reservation_only), ()) if profiles else ()
 
 
+def example_capacity_blocks(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """reservation id -> capacity block: an EXAMPLE account whose capacity block (if the stack
+    names one) is active, in the stack's GPU AZ, of its instance type, with room for its nodes."""
+    gpu = config.get("fsdp-eks:gpuNodes") or {}
+    profile = PROFILES.get(config.get("fsdp-eks:profile", ""))
+    if not gpu.get("capacityReservationId") or profile is None:
+        return {}
+    return {gpu["capacityReservationId"]: {
+        "state": "active", "startDate": "2026-01-01T00:00:00Z", "endDate": "2099-01-01T00:00:00Z",
+        "availabilityZone": gpu.get("availabilityZone", ""), "instanceType": profile.instance_type,
+        "instanceCount": int(gpu.get("maxSize", gpu.get("desiredSize", 1)))}}
+
+
 def fake_kubeconfig(cluster: str) -> str:
     return json.dumps({"apiVersion": "v1", "kind": "Config", "clusters": [{"name": cluster}]})
 
@@ -80,7 +93,8 @@ class AwsLikeMocks(pulumi.runtime.Mocks):
                  offerings: Callable[[str, str], tuple[str, ...]] | None = None,
                  p_instance_quotas: dict[str, float] | None = None,
                  addon_versions: dict[tuple[str, str], str] | None = None,
-                 caller_role: str = EXAMPLE_CALLER_ROLE, clusters: tuple[str, ...] = ()):
+                 caller_role: str = EXAMPLE_CALLER_ROLE, clusters: tuple[str, ...] = (),
+                 capacity_blocks: dict[str, dict[str, Any]] | None = None):
         self.region = region
         self.registrations: list[Registration] = []
         self.zone_ids = EXAMPLE_ZONE_IDS if zone_ids is None else zone_ids
@@ -95,6 +109,8 @@ class AwsLikeMocks(pulumi.runtime.Mocks):
         """The role behind the caller's session (``get_session_context``'s issuer)."""
         self.clusters = clusters
         """EKS clusters that exist in the region (none: every run creates its cluster)."""
+        self.capacity_blocks = capacity_blocks or {}
+        """How the capacity block invoke answers: reservation id -> its state, dates, AZ, type, count."""
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         inputs = dict(args.inputs)
@@ -149,6 +165,11 @@ class AwsLikeMocks(pulumi.runtime.Mocks):
         if args.token == "aws:eks/getAddonVersion:getAddonVersion":
             key = (args.args["addonName"], args.args["kubernetesVersion"])
             return {**args.args, "version": self.addon_versions[key], "id": args.args["addonName"]}
+        if args.token == "aws:ec2/getCapacityBlockReservation:getCapacityBlockReservation":
+            block = self.capacity_blocks.get(args.args["id"])
+            if block is None:  # as AWS answers an unknown id
+                raise Exception(f"InvalidCapacityReservationId.NotFound: {args.args['id']}")
+            return {**block, "id": args.args["id"], "reservationType": "capacity-block"}
         if args.token == "aws:index/getRegion:getRegion":
             return {"region": self.region, "name": self.region}
         if args.token == "aws:index/getAvailabilityZones:getAvailabilityZones":
@@ -217,7 +238,7 @@ def run_program(config: dict[str, Any], stack: str = "test", mocks: AwsLikeMocks
     flat = {k: v if isinstance(v, str) else json.dumps(v) for k, v in plain.items()}
     runtime_config.set_all_config(flat, [k for k, v in config.items() if is_secure(v)])
     region = config.get("aws:region", "us-west-2")
-    mocks = mocks or AwsLikeMocks(region)
+    mocks = mocks or AwsLikeMocks(region, capacity_blocks=example_capacity_blocks(config))
     monitor = NoResourceRefsMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project="fsdp-eks", stack=stack, preview=False, monitor=monitor)
     recording = Recording(mocks.registrations)

@@ -597,6 +597,7 @@ def _check(cfg: JobConfig, env: DistEnv, probe: Probe,
                                              nc.node_check_min_node_busbw_gbs)
     failures += _bandwidth_failures(slowest_rank, "all ranks", env.world_size)
     failures += _bandwidth_failures(slowest_node, "inside the node", env.local_world_size)
+    failures += transport_failures(transport, nc.node_check_efa, len(set(nodes)))
     gathered_results = [r for _, results in gathered for r in results]
     report = Report(passed=not failures, seconds=time.perf_counter() - started, model=model,
                     world_size=env.world_size, nodes=len(set(nodes)), results=gathered_results,
@@ -644,6 +645,17 @@ def _bandwidth_failures(slowest: dict | None, where: str, ranks: int) -> list[st
     return [f"{slowest['node']}: all-reduce bus bandwidth {where}: "
             f"{slowest['busbw_gbs']:.1f} GB/s at {slowest['bytes'] / 1e6:,.1f} MB, below "
             f"{slowest['min_gbs']:g} GB/s (slowest: rank {slowest['rank']})"]
+
+
+def transport_failures(transport: dict, efa_devices: int, nodes: int) -> list[str]:
+    """NCCL between nodes over TCP sockets where the pods were given EFA devices fails the check,
+    whatever the bandwidth floor: it is EFA's most common silent failure (aws-ofi-nccl not
+    loaded, or libfabric finding no EFA provider), and a profile without a published inter-node
+    figure has no floor to catch it."""
+    if efa_devices < 1 or nodes < 2 or transport["transport"] != "socket":
+        return []
+    return [f"transport: NCCL used TCP sockets between nodes with {efa_devices} EFA device(s) per "
+            f"node ({transport['how']}); expected EFA (NET/Libfabric, aws-ofi-nccl)"]
 
 
 def _publish(report: Report, cfg: JobConfig, env: DistEnv) -> None:

@@ -54,6 +54,8 @@ class ObservabilityArgs:
     """The profile's instance type: dcgm-exporter and the debug tools run on nodes of this type."""
     eks: EksAddonTarget | None = None
     """None on an existing cluster: its EBS CSI driver is assumed, no add-on is created."""
+    dcgm_host_engine: pulumi.Resource | None = None
+    """The cluster's ``dcgm_host_engine``: what dcgm-exporter reads and waits for (None: it embeds one)."""
     ready: Sequence[pulumi.Resource] = field(default_factory=tuple)
     """What must exist first: the Pod Identity agent and the system nodes everything runs on."""
 
@@ -80,7 +82,7 @@ class Observability(pulumi.ComponentResource):
         self.release_name = self.stack_release.name
         self.gpu_telemetry = GpuTelemetry(name, GpuTelemetryArgs(
             provider=args.provider, gpu_instance_type=args.gpu_instance_type, stack_release=self.stack_release,
-            ready=ready), part)
+            dcgm_host_engine=args.dcgm_host_engine, ready=ready), part)
         self.dashboard = Dashboard(name, DashboardArgs(provider=args.provider, namespace=self.namespace, ready=ready),
                                    part)
         cloudwatch = args.eks if s.cloudwatch_container_insights else None

@@ -71,6 +71,7 @@ def eks_addon(
         addon_name=addon_name,
         addon_version=versions.EKS_ADDONS[target.kubernetes_version][addon_name],
         resolve_conflicts_on_create=ADDON_CONFLICT_RESOLUTION,
+        resolve_conflicts_on_update=ADDON_CONFLICT_RESOLUTION,
         configuration_values=configuration_values,
         opts=pulumi.ResourceOptions(parent=part, depends_on=[*first, *part.ready, *after], aliases=part.moved),
     )

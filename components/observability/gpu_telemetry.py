@@ -42,15 +42,22 @@ def dcgm_exported_metrics(text: str | None = None) -> dict[str, str]:
     return {row[0].strip(): row[1].strip() for row in csv.reader(lines)}
 
 
-def dcgm_exporter_values(*, release_label: pulumi.Input[str], gpu_instance_type: str) -> dict[str, Any]:
+def dcgm_exporter_values(*, release_label: pulumi.Input[str], gpu_instance_type: str,
+                         agent_host_engine: bool) -> dict[str, Any]:
     """Helm values of dcgm-exporter: GPU nodes only (by instance type), our metrics list, a
-    ServiceMonitor, and no host engine of its own: it reads the node's one host engine, the node
-    monitoring agent's (``versions.NODE_MONITORING_AGENT_DCGM_HOST_ENGINE``), over the host
-    network (the chart's ``-r <host>:<port>`` argument and ``hostNetwork``)."""
+    ServiceMonitor. With ``agent_host_engine`` it runs no host engine of its own: it reads the
+    node's one host engine, the node monitoring agent's
+    (``versions.NODE_MONITORING_AGENT_DCGM_HOST_ENGINE``), over the host network (the chart's
+    ``-r <host>:<port>`` argument and ``hostNetwork``). Without (a cluster where the stack
+    installs no agent) it embeds one, the chart's default: ``-r`` to a port nothing listens on
+    would crash-loop the exporter and fail its atomic release."""
+    arguments = ["-f", DCGM_COUNTERS_PATH]
+    if agent_host_engine:
+        arguments += ["-r", versions.NODE_MONITORING_AGENT_DCGM_HOST_ENGINE]
     return {
         "fullnameOverride": DCGM_FULLNAME,
-        "arguments": ["-f", DCGM_COUNTERS_PATH, "-r", versions.NODE_MONITORING_AGENT_DCGM_HOST_ENGINE],
-        "hostNetwork": True,
+        "arguments": arguments,
+        "hostNetwork": agent_host_engine,
         "customMetrics": dcgm_metrics_csv(),
         **gpu_node_placement(gpu_instance_type),
         "serviceMonitor": {"enabled": True, "additionalLabels": {"release": release_label}},
@@ -66,6 +73,8 @@ class GpuTelemetryArgs:
     """The profile's instance type: dcgm-exporter runs on nodes of this type."""
     stack_release: k8s.helm.v3.Release
     """kube-prometheus-stack: its ServiceMonitor CRD first, its release name as the monitor's label."""
+    dcgm_host_engine: pulumi.Resource | None = None
+    """The add-on whose host engine the exporter reads (the release waits for it); None: it embeds one."""
     ready: Sequence[pulumi.Resource] = field(default_factory=tuple)
 
 
@@ -79,7 +88,8 @@ class GpuTelemetry(ObservabilityPart):
             f"{name}-dcgm",
             versions.DCGM_EXPORTER,
             MONITORING_NAMESPACE,
-            dcgm_exporter_values(release_label=args.stack_release.name, gpu_instance_type=args.gpu_instance_type),
-            self.in_cluster(args.stack_release),
+            dcgm_exporter_values(release_label=args.stack_release.name, gpu_instance_type=args.gpu_instance_type,
+                                 agent_host_engine=args.dcgm_host_engine is not None),
+            self.in_cluster(args.stack_release, *([args.dcgm_host_engine] if args.dcgm_host_engine else [])),
         )
         self.register_outputs({"dcgm_release_name": self.dcgm_release.name})

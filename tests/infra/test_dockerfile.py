@@ -106,3 +106,23 @@ def test_efa_installer_builds_rdma_core_on_an_ngc_base():
     assert versions.TRAINING_IMAGE_BUILD_ARGS["CUDA_IMAGE"].startswith("nvcr.io/")
     assert "--disable-build-ngc" in flags
     assert {"-y", "-g", "--skip-kmod", "--skip-limit-conf"} <= set(flags)
+
+
+UBUNTU_PYTHON = {"22.04": "3.10", "24.04": "3.12"}
+"""python3 of each Ubuntu LTS release (Ubuntu's package archive: jammy python3 3.10, noble 3.12)."""
+
+
+def test_the_image_runs_a_supported_python_that_the_build_asserts():
+    """Python 3.10 is past end of life (October 2026) and caps transformers at 5.20: the base's
+    Ubuntu release gives 3.12, and the build fails if python3 is anything else."""
+    args = versions.TRAINING_IMAGE_BUILD_ARGS
+    release = re.search(r"-ubuntu(\d\d\.\d\d)$", args["CUDA_IMAGE"]).group(1)
+    assert UBUNTU_PYTHON[release] == args["PYTHON_VERSION"] and args["PYTHON_VERSION"] >= "3.12"
+    assert any(word == "RUN" and "sys.version_info" in a and "${PYTHON_VERSION}" in a for word, a in instructions())
+
+
+def test_the_app_uid_is_freed_from_ubuntu_24_04s_default_user():
+    """Ubuntu 24.04 images have a user "ubuntu" with uid/gid 1000, the training user's id: it is
+    removed before ours is created, or groupadd fails the build."""
+    [create] = [a for word, a in instructions() if word == "RUN" and "groupadd" in a]
+    assert create.index("userdel --remove ubuntu") < create.index("groupadd")

@@ -27,6 +27,7 @@ from components.gpu_nodes import container_rlimits
 from components.preflight import EKS_UNSUPPORTED_ZONE_IDS, addon_pin_problems, quota_problems, zone_problems
 from components.settings import Secrets, SettingsError
 from offline import plan, stacks
+from offline import mocks as offline_mocks
 from offline.mocks import AwsLikeMocks, example_addon_versions
 from tests.harness import (
     HELM,
@@ -89,6 +90,8 @@ def test_every_addon_overwrites_what_eks_bootstrapped(with_cloudwatch: Recording
             "amazon-cloudwatch-observability"} <= {a.inputs["addonName"] for a in addons}
     for a in addons:
         assert a.inputs.get("resolveConflictsOnCreate") == "OVERWRITE", a.inputs["addonName"]
+        # A pin bump is an UpdateAddon: the same resolution, or it may fail on a changed field.
+        assert a.inputs.get("resolveConflictsOnUpdate") == "OVERWRITE", a.inputs["addonName"]
 
 
 def test_node_groups_wait_for_the_node_role_policies_not_for_coredns(recording: Recording):
@@ -235,6 +238,19 @@ def test_preview_refuses_an_addon_pin_eks_does_not_offer_for_the_version():
     assert f"pins coredns {pin}, which EKS does not offer for Kubernetes 1.36 (its newest: v1.13.0-eksbuild.1)" in message
     assert "aws eks describe-addon-versions --kubernetes-version 1.36 --addon-name coredns" in message
     assert created == []
+
+
+@pytest.mark.parametrize("insights", [False, True])
+def test_preview_asks_only_about_the_addons_the_stack_creates(insights):
+    """With Container Insights off the stack creates no CloudWatch add-on: a region whose EKS has
+    no build of it as new as the pin must not fail preview; with it on, the same table is refused."""
+    newest = example_addon_versions() | {("amazon-cloudwatch-observability", "1.36"): "v0.0.1-eksbuild.1"}
+    config = variant_config("p5", observability={"cloudwatchContainerInsights": insights})
+    if insights:
+        message, _ = refused(config, "p5-cw-pin", addon_versions=newest)
+        assert "pins amazon-cloudwatch-observability" in message
+    else:
+        run_program(config, "p5-no-cw-pin", mocks=AwsLikeMocks(config["aws:region"], addon_versions=newest))
 
 
 def test_addon_pin_versions_compare_by_number_not_text():
@@ -474,3 +490,63 @@ def test_the_stack_name_must_make_valid_aws_and_kubernetes_names():
     assert "(stack name) = 'P5': 'fsdp-eks-P5'" in message and "pulumi stack rename" in message
     assert parse(raw_settings("p5"), Secrets(hf_token="x", grafana_admin_password="y"), stack="p5-team").name == (
         "fsdp-eks-p5-team")
+
+
+PREVIEW_PERMISSIONS = {
+    "aws:index/getAvailabilityZones:getAvailabilityZones": ("ec2:DescribeAvailabilityZones",),
+    "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings": ("ec2:DescribeInstanceTypeOfferings",),
+    # By quota code the data source calls GetAWSDefaultServiceQuota, then GetServiceQuota
+    # (terraform-provider-aws internal/service/servicequotas/service_quota_data_source.go,
+    # dataSourceServiceQuotaRead: findServiceQuotaDefaultByID before findServiceQuotaByID).
+    "aws:servicequotas/getServiceQuota:getServiceQuota": ("servicequotas:GetAWSDefaultServiceQuota",
+                                                          "servicequotas:GetServiceQuota"),
+    "aws:eks/getClusters:getClusters": ("eks:ListClusters",),
+    "aws:eks/getAddonVersion:getAddonVersion": ("eks:DescribeAddonVersions",),
+    "aws:iam/getSessionContext:getSessionContext": ("iam:GetRole",),
+    "aws:ec2/getCapacityBlockReservation:getCapacityBlockReservation": ("ec2:DescribeCapacityReservations",),
+}
+"""The account reads of preview's checks (components/preflight.py) and the IAM actions each needs."""
+
+
+class InvokeRecordingMocks(AwsLikeMocks):
+    def __init__(self, region: str, capacity_blocks: dict):
+        super().__init__(region, capacity_blocks=capacity_blocks)
+        self.invoked: set[str] = set()
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        self.invoked.add(args.token)
+        return super().call(args)
+
+
+def test_readme_lists_every_permission_preview_needs():
+    """A least-privilege deployer must not meet AccessDenied at preview: every read preview makes
+    happens (under mocks) and README's prerequisites name each IAM action it needs."""
+    config = variant_config("p5", gpuNodes={"capacityReservationId": "cr-0abc1234def567890", "capacityBlock": True})
+    mocks = InvokeRecordingMocks(config["aws:region"], offline_mocks.example_capacity_blocks(config))
+    run_program(config, "p5-permissions", mocks=mocks)
+    assert set(PREVIEW_PERMISSIONS) <= mocks.invoked
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    prerequisites = readme.split("## Prerequisites", 1)[1].split("\n## ", 1)[0]
+    for token, actions in PREVIEW_PERMISSIONS.items():
+        for action in actions:
+            assert f"`{action}`" in prerequisites, f"{token} needs {action}"
+
+
+BLOCK_ID = "cr-0abc1234def567890"
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"state": "scheduled"}, "the capacity block is scheduled (it runs from 2026-01-01T00:00:00Z"),
+    ({"state": "expired"}, "the capacity block is expired"),
+    ({"availabilityZone": "us-west-2d"}, f"the capacity block {BLOCK_ID} is in us-west-2d"),
+    ({"instanceType": "p4de.24xlarge"}, "the capacity block holds p4de.24xlarge, the profile needs p5.48xlarge"),
+    ({"instanceCount": 1}, f"the capacity block {BLOCK_ID} holds 1 instances"),
+])
+def test_preview_refuses_a_capacity_block_the_nodes_cannot_launch_into(change, expected):
+    """Checked at preview with ``aws.ec2.get_capacity_block_reservation`` (state, dates, AZ, type,
+    count), not 20 minutes into `up` when the node group fails after EKS, NAT and FSx bill."""
+    config = variant_config("p5", gpuNodes={"capacityReservationId": BLOCK_ID, "capacityBlock": True,
+                                            "desiredSize": 2, "maxSize": 2})
+    block = offline_mocks.example_capacity_blocks(config)[BLOCK_ID] | change
+    message, created = refused(config, "p5-block", capacity_blocks={BLOCK_ID: block})
+    assert expected in message and created == []

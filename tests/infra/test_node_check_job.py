@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import pytest
 from components.planning.hardware import PROFILES
 from components.settings import JobSettings
 from components.stack import Export
-from components.training_job import pod_monitor_manifest, pytorchjob_manifest, training_command
+from components.training_job import MAX_NAME, pod_monitor_manifest, pytorchjob_manifest, training_command
 from tests.harness import Recording, container, job_of, job_settings, worker
 from tests.infra.test_workload import crd_schema, undeclared_keys
 from training.config import build_parser, config_from_namespace
@@ -148,13 +149,15 @@ def test_the_check_command_creates_waits_prints_rank_0s_table_and_cleans_up(reco
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "pulumi_args").read_text().split() == ["stack", "output", "node_check_manifest", "--json"]
-    assert json.loads((tmp_path / "created.json").read_text()) == manifest
+    created = json.loads((tmp_path / "created.json").read_text())
+    ns, name, run = manifest["metadata"]["namespace"], manifest["metadata"]["name"], created["metadata"]["name"]
+    assert re.fullmatch(rf"{name}-\d{{10}}", run) and len(run) <= MAX_NAME
+    assert created == json.loads(json.dumps(manifest).replace(name, run)), "the manifest, under its own name"
     assert "[rank 0] INFO node check: PASSED" in out.stdout and "[rank 8]" not in out.stdout
     assert out.stdout.rstrip().endswith("Succeeded")
-    ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     calls = (tmp_path / "calls").read_text().splitlines()
-    assert calls[-1] == f"kubectl -n {ns} delete pytorchjob {name}"
-    assert any(c.startswith(f"kubectl -n {ns} logs -l fsdp-eks/run={name} -c pytorch") for c in calls)
+    assert calls[-1] == f"kubectl -n {ns} delete pytorchjob {run}"
+    assert any(c.startswith(f"kubectl -n {ns} logs -l fsdp-eks/run={run} -c pytorch") for c in calls)
 
 
 def test_the_check_command_fails_when_the_check_failed(recording: Recording, tmp_path: Path):

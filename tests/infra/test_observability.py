@@ -42,6 +42,7 @@ from tests.harness import (
     tolerates,
     trusted_by_pod_identity,
     variant,
+    waits_for,
 )
 from tests.observability_promql import known_metrics, metric_names
 
@@ -175,6 +176,20 @@ def test_dcgm_exporter_reads_the_node_monitoring_agents_host_engine(recording: R
     assert values["hostNetwork"] is True
     agents = addons(recording, "eks-node-monitoring-agent")
     assert len(agents) == 1, "the host engine comes with the agent: it must be installed"
+    dcgm = release(recording, versions.DCGM_EXPORTER)
+    assert agents[0].name in waits_for(recording, dcgm.name), (
+        "the exporter's atomic release waits for the agent, or it crash-loops until the host engine listens")
+
+
+def test_on_an_existing_cluster_dcgm_exporter_embeds_its_own_host_engine():
+    """Nothing of ours installs the node monitoring agent on a cluster we did not create, so no
+    host engine may listen on port 5555: the exporter embeds one (the chart's default, no ``-r``,
+    not on the host network) rather than crash-looping until its release times out."""
+    rec = variant("p5", cluster={"existingClusterName": "research"},
+                  storage={"fsx": False, "existingClaimName": "checkpoints"})
+    values = release(rec, versions.DCGM_EXPORTER).inputs["values"]
+    assert "-r" not in parse_flags_short(values["arguments"])
+    assert values["hostNetwork"] is False
 
 
 def test_monitoring_runs_on_system_nodes_node_exporter_everywhere(recording: Recording):

@@ -82,13 +82,15 @@ def test_the_run_name_is_used_everywhere_the_run_is_named():
     ("meta-llama/Llama-2-7b-hf", "llama-2-7b-hf-"),
     ("meta-llama/Llama-3.1-8B-Instruct", "llama-3-1-8b-instruct-"),
     ("/fsx/models/7b", "job-7b-"),
-    ("someone/" + "A" * 80, "a" * 39 + "-"),
+    ("someone/" + "A" * 80, "a" * 28 + "-"),
 ])
 def test_names_are_dns_labels_with_room_for_the_pod_suffix(model, prefix):
-    """Checked against the operator webhook (DNS-1035) and the 63-character pod/Service names."""
+    """Checked against the operator webhook (DNS-1035) and the 63-character pod/Service names,
+    also for a re-run's name (the rendered one plus ``-MMDDhhmmss``)."""
     job = render(job_settings(model=model))
     assert name(job).startswith(prefix), name(job)
-    assert DNS_1035.fullmatch(name(job)) and len(f"{name(job)}-worker-99") <= 63
+    rerun = f"{name(job)}-1231235959"
+    assert DNS_1035.fullmatch(rerun) and len(f"{rerun}-worker-99") <= 63
 
 
 def test_model_slug_never_starts_with_a_digit_or_ends_with_a_dash():

@@ -3,6 +3,8 @@ the PyTorchJob's pods do: one agent per "node", one process each."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from tests.training.conftest import Run, two_agents
@@ -43,3 +45,32 @@ def test_etcd_v2_backend(etcd, tmp_path, tiny_cache):
     operator_env = {"PET_NNODES": "2", "PET_RDZV_BACKEND": "etcd-v2", "PET_RDZV_ENDPOINT": etcd,
                     "PET_RDZV_ID": "etcd-v2-run"}
     _assert_one_job_of_two(_two_agents(tmp_path, tiny_cache, "v2", [], operator_env))
+
+
+def _torchrun_once(etcd: str, backend: str, run_id: str, script) -> tuple[int, str]:
+    """One single-process torchrun of ``script`` rendezvousing under ``run_id``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=1",
+           f"--rdzv-backend={backend}", f"--rdzv-endpoint={etcd}", f"--rdzv-id={run_id}", str(script)]
+    proc = start(cmd)
+    try:
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out
+
+
+@pytest.mark.parametrize("backend", ["etcd", "etcd-v2"])
+def test_a_finished_run_id_cannot_rendezvous_again(etcd, tmp_path, backend):
+    """Why every node check and every re-run gets its own rendezvous id (components/training_job.py):
+    checked against a real etcd, a run that ended closes its id (torchrun's ``launch_agent``
+    shuts the rendezvous down in ``finally``), so the same command typed again with the same id
+    fails with RendezvousClosedError, while a new id on the same etcd runs."""
+    script = tmp_path / "noop.py"
+    script.write_text("print('worker ran')\n")
+    first = _torchrun_once(etcd, backend, f"{backend}-same", script)
+    assert first[0] == 0 and "worker ran" in first[1], first[1]
+    again = _torchrun_once(etcd, backend, f"{backend}-same", script)
+    assert again[0] != 0 and "RendezvousClosedError" in again[1], again[1]
+    fresh = _torchrun_once(etcd, backend, f"{backend}-same-0101000000", script)
+    assert fresh[0] == 0 and "worker ran" in fresh[1], fresh[1]

@@ -272,6 +272,9 @@ def test_sizes_are_what_fsdp_moves_for_llama_2_7b():
 @pytest.mark.parametrize("line, transport", [
     ("ip-172-31-6-104:9922:9980 [1] NCCL INFO Channel 01 : 9[101d0] -> 0[101c0] [send] via NET/AWS Libfabric/0",
      "EFA"),
+    # aws-ofi-nccl's plugin has been named "Libfabric" (ncclNetPlugin .name) since it dropped "AWS".
+    ("ip-172-31-6-104:9922:9980 [1] NCCL INFO Channel 01/0 : 9[1] -> 0[0] [send] via NET/Libfabric/0/GDRDMA",
+     "EFA"),
     ("multi-node-nccl-test-worker-0:22:28 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0",
      "socket"),
     ("ip-172-31-6-104:9922:9980 [1] NCCL INFO Channel 01 : 9[101d0] -> 8[101c0] via P2P/IPC/read",
@@ -279,6 +282,26 @@ def test_sizes_are_what_fsdp_moves_for_llama_2_7b():
 ])
 def test_transport_comes_from_ncclS_own_connection_lines(line, transport):
     assert nc.transport_of([line], "nccl", 16)["transport"] == transport
+
+
+SOCKET_LINE = "worker-0:22:28 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0"
+
+
+@pytest.mark.parametrize("efa", [1, 4, 32])
+def test_nccl_over_tcp_between_nodes_fails_wherever_efa_was_requested(efa):
+    """Whatever the bandwidth floor (none on a profile without a published EFA figure): TCP
+    between nodes where the pods have EFA devices is a broken fabric, named as such."""
+    failures = nc.transport_failures(nc.transport_of([SOCKET_LINE], "nccl", 16), efa, nodes=2)
+    assert len(failures) == 1 and "TCP sockets" in failures[0] and f"{efa} EFA" in failures[0]
+
+
+@pytest.mark.parametrize("line, efa, nodes", [
+    (SOCKET_LINE, 0, 2),  # no EFA requested: sockets are what was asked for
+    (SOCKET_LINE, 4, 1),  # one node: nothing crosses the fabric
+    ("x NCCL INFO Channel 01/0 : 9[1] -> 0[0] [send] via NET/Libfabric/0/GDRDMA", 4, 2),
+])
+def test_efa_or_no_inter_node_traffic_passes_the_transport_rule(line, efa, nodes):
+    assert nc.transport_failures(nc.transport_of([line], "nccl", 16), efa, nodes) == []
 
 
 def test_no_connection_line_is_reported_as_unknown_with_why(monkeypatch):

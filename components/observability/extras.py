@@ -75,11 +75,6 @@ def debug_tools_spec(gpu_instance_type: str) -> dict[str, Any]:
     GPU without taking one from the scheduler.
     """
     labels = {"app.kubernetes.io/name": DEBUG_TOOLS_NAME}
-    install = (
-        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
-        "htop nvtop >/dev/null && echo 'htop and nvtop installed' "
-        "|| echo 'installing htop/nvtop failed: no route to the Ubuntu mirrors?'; exec sleep infinity"
-    )
     return {
         "selector": {"matchLabels": labels},
         "template": {
@@ -90,29 +85,37 @@ def debug_tools_spec(gpu_instance_type: str) -> dict[str, Any]:
                 "terminationGracePeriodSeconds": 1,
                 "automountServiceAccountToken": False,
                 "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-                "containers": [
-                    {
-                        "name": "tools",
-                        "image": versions.DEBUG_TOOLS_IMAGE,
-                        "imagePullPolicy": "Always",
-                        "command": ["bash", "-c", install],
-                        # Root for apt-get (DEBUG_TOOLS_CHECKOV_SKIPS), but never more than root.
-                        "securityContext": {
-                            "allowPrivilegeEscalation": False,
-                            "privileged": False,
-                            "capabilities": {"drop": ["NET_RAW"]},
-                        },
-                        "env": [
-                            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-                            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
-                        ],
-                        "resources": {
-                            "requests": {"cpu": "10m", "memory": "64Mi"},
-                            "limits": {"cpu": "1", "memory": "512Mi"},
-                        },
-                    }
-                ],
+                "containers": [_debug_tools_container()],
             },
+        },
+    }
+
+
+def _debug_tools_container() -> dict[str, Any]:
+    """The one container of the debug-tools pods: installs htop and nvtop, then waits."""
+    install = (
+        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
+        "htop nvtop >/dev/null && echo 'htop and nvtop installed' "
+        "|| echo 'installing htop/nvtop failed: no route to the Ubuntu mirrors?'; exec sleep infinity"
+    )
+    return {
+        "name": "tools",
+        "image": versions.DEBUG_TOOLS_IMAGE,
+        "imagePullPolicy": "Always",
+        "command": ["bash", "-c", install],
+        # Root for apt-get (DEBUG_TOOLS_CHECKOV_SKIPS), but never more than root.
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "capabilities": {"drop": ["NET_RAW"]},
+        },
+        "env": [
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
+        ],
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "64Mi"},
+            "limits": {"cpu": "1", "memory": "512Mi"},
         },
     }
 

@@ -13,7 +13,7 @@ Hardened (measured with checkov's kubernetes framework over the rendered objects
   service-account token (etcd never calls the Kubernetes API), requests = limits;
 - **no TLS**, on purpose: the store holds rendezvous state only (run ids, worker addresses, no
   secret), torch's etcd backends take no client certificate, and a NetworkPolicy admits only the
-  training job's worker pods (by label) to the client port, enforced by the VPC CNI's network
+  pods of the runs and node checks (by label) to the client port, enforced by the VPC CNI's network
   policy agent (``enableNetworkPolicy``, components/cluster.py). The three checkov TLS checks are
   skipped on the Deployment with that reason (``CHECKOV_SKIPS``).
 """
@@ -138,8 +138,8 @@ def etcd_service(namespace: str) -> dict:
 
 
 def etcd_network_policy(namespace: str, client_labels: Mapping[str, str]) -> dict:
-    """The NetworkPolicy: only pods carrying ``client_labels`` (the job's workers, in the job's
-    namespace) reach etcd, and only its client port. Egress is left open: etcd starts no connection
+    """The NetworkPolicy: only pods carrying ``client_labels`` (the workers of every run and node
+    check, in the job's namespace) reach etcd, and only its client port. Egress is left open: etcd starts no connection
     (its only peer is itself, on loopback, which no policy filters)."""
     return {
         "apiVersion": "networking.k8s.io/v1",
@@ -163,7 +163,7 @@ class RendezvousArgs:
     namespace: str
     provider: k8s.Provider
     client_labels: Mapping[str, str]
-    """Labels of the pods that may reach etcd: the training job's workers."""
+    """Labels of the pods that may reach etcd: those every run's and node check's workers carry."""
     node_selector: Mapping[str, str] = field(default_factory=dict)
     """Where etcd runs: the system nodes (empty on a cluster whose nodes we did not label)."""
     depends_on: Sequence[pulumi.Resource] = ()

@@ -28,8 +28,9 @@ the namespace must exist before the claim and the claim before the job, all in o
 
 The file system's root is owned by root and the job runs as uid 1000: the job's init container,
 as root, creates and chowns the run's own directory (``/fsx/runs/<run>``). That needs root squash
-off, the FSx default. AL2023 EKS AMIs carry the Lustre client kernel module but not its userspace
-tools (``lctl``); aws-fsx-csi-driver #436 reports the resulting upcall errors as log noise only.
+off, the FSx default. The AL2023 EKS AMI ships no Lustre client: the GPU nodes install
+``lustre-client`` (kernel module and ``lctl``) at boot and only then take the label the workers
+require (components/gpu_nodes.py, ``lustre_client_script``, ``LUSTRE_READY_LABEL``).
 """
 
 from __future__ import annotations

@@ -440,8 +440,8 @@ def captured_stdout() -> Iterator[list[str]]:
 
 
 def transport_of(lines: list[str], backend: str, ranks: int) -> dict:
-    """The transport NCCL used, from its own connection lines (``... via NET/AWS Libfabric``:
-    EFA; ``via NET/Socket``: TCP sockets; ``via P2P`` / ``SHM`` / ``NVLS``: inside the node)."""
+    """The transport NCCL used, from its own connection lines (``... via NET/Libfabric``,
+    ``NET/AWS Libfabric`` in older aws-ofi-nccl releases: EFA; ``via NET/Socket``: TCP sockets; ``via P2P`` / ``SHM`` / ``NVLS``: inside the node)."""
     if backend != "nccl":
         return {"transport": f"{backend} (TCP)", "how": "the process group's backend"}
     if ranks == 1:

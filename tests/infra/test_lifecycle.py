@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from components import versions
+from components.observability.alert_delivery import RULES_FILE
 from components.stack import Export
 from offline.mocks import run_program
 from offline.recording import Recording
@@ -182,6 +183,10 @@ def test_the_users_days(cluster: str, tmp_path: Path):
         sizes = up.one(NODE_GROUP, "gpu-gpu").inputs["scalingConfig"]
         wanted = stack_config("p5")["fsdp-eks:gpuNodes"]
         assert int(sizes["desiredSize"]) == wanted["desiredSize"] > 0, "what the refreshed `pulumi up` restores"
+        # The alert that sends the user here says the same commands.
+        rules = yaml.safe_load(RULES_FILE.read_text())
+        [idle] = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "GpuNodesIdle"]
+        assert scale in idle["annotations"]["runbook"] and "pulumi up" in idle["annotations"]["runbook"]
 
     # The next job: a changed configuration is a new run (new name and id; the old one deleted first).
     nxt = run_program({**config, "fsdp-eks:job": {**config["fsdp-eks:job"], "maxSteps": 7}}, f"lifecycle-{cluster}-next")

@@ -171,7 +171,7 @@ def test_worker_environment_is_efa_ready_and_debuggable(recording: Recording):
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["FI_EFA_USE_HUGE_PAGE"] == "0"
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
-    assert env["NCCL_DEBUG"] == "INFO", "a healthy run logs 'Selected Provider is efa'"
+    assert env["NCCL_DEBUG"] == "INFO", "a healthy run logs 'Selected provider is efa, fabric is ...'"
     assert int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0 and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     nvme_mounts = [m["mountPath"] for m in c["volumeMounts"] if m["name"] == "nvme"]
     assert any(env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"].startswith(path + "/") for path in nvme_mounts)

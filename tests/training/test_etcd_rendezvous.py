@@ -3,7 +3,9 @@ the PyTorchJob's pods do: one agent per "node", one process each."""
 
 from __future__ import annotations
 
+import signal
 import sys
+import time
 
 import pytest
 
@@ -74,3 +76,33 @@ def test_a_finished_run_id_cannot_rendezvous_again(etcd, tmp_path, backend):
     assert again[0] != 0 and "RendezvousClosedError" in again[1], again[1]
     fresh = _torchrun_once(etcd, backend, f"{backend}-same-0101000000", script)
     assert fresh[0] == 0 and "worker ran" in fresh[1], fresh[1]
+
+
+@pytest.mark.parametrize("backend", ["etcd", "etcd-v2"])
+def test_a_run_ended_by_sigterm_leaves_its_id_open(etcd, tmp_path, backend):
+    """Why a deleted job may be created again under its own name (``job_delete_command``, then the
+    next ``pulumi up``): checked against a real etcd, torchrun ended by SIGTERM (what Kubernetes
+    sends a deleted pod) skips the rendezvous shutdown (``SignalException``), so a new run under
+    the same id rendezvouses and runs."""
+    started = tmp_path / "started"
+    script = tmp_path / "wait.py"
+    script.write_text(f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(600)\n")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=1",
+           f"--rdzv-backend={backend}", f"--rdzv-endpoint={etcd}", f"--rdzv-id={backend}-stopped", str(script)]
+    proc = start(cmd)
+    try:
+        for _ in range(2400):  # the worker started: the rendezvous is complete
+            if started.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert started.exists(), proc.communicate(timeout=30)[0] if proc.poll() is not None else "no start"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, out
+    done = tmp_path / "noop.py"
+    done.write_text("print('worker ran')\n")
+    again = _torchrun_once(etcd, backend, f"{backend}-stopped", done)
+    assert again[0] == 0 and "worker ran" in again[1], again[1]

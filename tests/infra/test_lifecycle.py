@@ -138,6 +138,8 @@ def test_the_users_days(cluster: str, tmp_path: Path):
             if name == Export.GPU_SCALE_TO_ZERO_COMMAND and cluster == "existing":
                 continue  # its node groups are not ours
             assert name in up.exports, f"README evaluates {name}, which the stack does not export"
+    # What the printed commands read with `pulumi stack output --json`: plain, or they would read "[secret]".
+    assert not {Export.NODE_CHECK_MANIFEST, Export.JOB_MANIFEST, Export.JOB_RERUN_COMMAND} & up.secret_exports
     shell = Shell(tmp_path, up)
     job = job_of(up)
     assert admitted_by_etcd(up, job), "the training workers must reach etcd"

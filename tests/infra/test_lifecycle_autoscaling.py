@@ -253,3 +253,12 @@ def test_step_a_quarantined_node_loses_the_job_and_is_replaced(run: Recording):
     assert f'key="{QUARANTINE_TAINT_KEY}"' in alert["expr"]
     assert "{{ $labels.node }}" in alert["annotations"]["summary"]
     assert "{{ $labels.value }}" in alert["annotations"]["summary"]
+
+
+def test_every_supported_kubernetes_version_has_an_autoscaler_of_its_minor():
+    """The autoscaler simulates its own version's scheduler: each supported Kubernetes minor runs
+    the autoscaler of that minor (kubernetes/autoscaler README, "Releases")."""
+    tags = versions.CLUSTER_AUTOSCALER_IMAGE_TAGS
+    assert set(tags) == set(versions.SUPPORTED_KUBERNETES_VERSIONS)
+    for minor, tag in tags.items():
+        assert re.fullmatch(rf"v{re.escape(minor)}\.\d+", tag), f"{minor}: {tag}"

@@ -66,10 +66,11 @@ INERT_DAEMONSETS = {
 def known_differences(stack: str, config: dict | None = None) -> dict[str, str]:
     """Where two stacks' rendered objects may differ, each string with its placeholder: the
     GPU instance type (node affinities), the region (image registries) and the stack's name in
-    the physical names of its resources. ``config``: the stack's (its file's by default)."""
+    the cluster's name (``fsdp-eks-<stack>``: the autoscaler's discovery) and the physical names
+    of its resources. ``config``: the stack's (its file's by default)."""
     config = stack_config(stack) if config is None else config
     return {PROFILES[config["fsdp-eks:profile"]].instance_type: "<instance-type>",
-            f"fsdp-eks-{stack}-": "fsdp-eks-<stack>-", config["aws:region"]: "<region>"}
+            f"fsdp-eks-{stack}": "fsdp-eks-<stack>", config["aws:region"]: "<region>"}
 
 
 def normalized(text: str, stack: str, config: dict | None = None) -> str:

@@ -98,7 +98,8 @@ def idle_tail_line(usd_per_hour: float, nodes: int, scale_down_delay_minutes: in
     so scaling to zero saves nothing of it."""
     total = nodes * usd_per_hour
     if scale_down_delay_minutes is None:
-        tail = f"idle GPU nodes after the job: the existing cluster's own, at ${total:,.2f}/h for {nodes}"
+        tail = (f"idle GPU nodes after the job: ${total:,.2f}/h for {nodes} of the existing cluster's, "
+                "which this stack does not scale down")
     elif scale_down_delay_minutes == 0:
         tail = (f"idle tail after the job: ${total:,.2f}/h until the nodes are scaled down by hand "
                 "(gpuNodes.scaleDownDelayMinutes is 0: no autoscaler)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.planning.forecast import forecast
+from components.planning.forecast import forecast, idle_tail_line
 from components.planning.hardware import PROFILES
 from components.planning.memory_fit import model_shape
 from components.stack import preview_line
@@ -105,3 +105,10 @@ def test_a_reservation_is_paid_whether_nodes_run_or_not():
     raw["gpuNodes"] = {**raw["gpuNodes"], "capacityReservationId": "cr-0123456789abcdef0"}
     assert "the reservation itself bills whether nodes run or not" in preview_line(parse(raw))
     assert "reservation" not in preview_line(parse(raw_settings("p5")))
+
+
+def test_an_existing_clusters_nodes_are_priced_by_the_hour():
+    """On an existing cluster nothing of this stack scales the GPU nodes: the tail is an hourly
+    price, never a delay."""
+    tail = idle_tail_line(55.04, 2, None, reservation=False)
+    assert "$110.08/h for 2" in tail and "min x" not in tail

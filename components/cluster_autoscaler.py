@@ -120,7 +120,7 @@ def autoscaler_values(*, cluster_name: str, region: str, kubernetes_version: str
                   "tag": versions.CLUSTER_AUTOSCALER_IMAGE_TAGS[kubernetes_version]},
         "rbac": {"serviceAccount": {"name": SERVICE_ACCOUNT}},
         "nodeSelector": dict(system_node_selector),
-        "resources": {"requests": {"cpu": "100m", "memory": "300Mi"}, "limits": {"memory": "1Gi"}},
+        "resources": {"requests": {"cpu": "100m", "memory": "300Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
         "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containerSecurityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,

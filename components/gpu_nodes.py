@@ -8,6 +8,7 @@ launch template, the EFA security group and the placement group are built here, 
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ import pulumi_aws as aws
 import yaml
 
 from components import versions
+from components.cluster_autoscaler import DISCOVERY_TAG, TEMPLATE_PREFIX, node_template_tags
 from components.node_metadata import metadata_options
 from components.planning.hardware import HardwareProfile
 from components.settings import GpuNodeSettings
@@ -26,6 +28,21 @@ GPU_LABELS = {"nvidia.com/gpu": "true", "vpc.amazonaws.com/efa.present": "true"}
 """Labels of the node group this stack creates. The device plugins and DCGM exporter do not
 select on them: they require the instance type (``gpu_node_placement``), which an existing
 cluster's GPU nodes carry too."""
+ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
+"""The label by which the Cluster Autoscaler's AWS provider knows a GPU node (``GPULabel`` in
+``cloudprovider/aws/aws_cloud_provider.go``): on a joined node whose device plugin has not yet
+advertised its GPUs, it waits instead of adding another node for the same pending pods (the
+provider's README, "Special note on GPU instances")."""
+
+
+def accelerator_name(profile: HardwareProfile) -> str:
+    """``ACCELERATOR_LABEL``'s value: the GPU model as a label value (``nvidia-h100-80gb-hbm3``)."""
+    return re.sub(r"[^a-z0-9]+", "-", profile.gpu_model.lower()).strip("-")
+
+
+def node_labels(profile: HardwareProfile) -> dict[str, str]:
+    """Every label the node group gives its nodes."""
+    return {**GPU_LABELS, ACCELERATOR_LABEL: accelerator_name(profile)}
 
 MEMLOCK_LIMIT = 10**18
 """Locked-memory limit of every container on the GPU nodes, bytes: 1 EB, far above any
@@ -186,9 +203,11 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self.launch_template = self._launch_template(name, args)
         self.node_group = self._node_group(name, args)
         self.node_group_name = self.node_group.node_group_name
+        self.autoscaling_tags = self._autoscaling_tags(name, args) if args.settings.autoscaling else []
         self.register_outputs(
             {
                 "node_group_name": self.node_group_name,
+                "autoscaling_tags": self.autoscaling_tags,
                 "launch_template_id": self.launch_template.id,
                 "efa_security_group_id": self.efa_security_group.id,
             }
@@ -276,18 +295,61 @@ class GpuNodeGroup(pulumi.ComponentResource):
             release_version=versions.EKS_AMI_RELEASES[args.kubernetes_version],
             capacity_type="CAPACITY_BLOCK" if s.capacity_block else "ON_DEMAND",
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
-                min_size=s.min_size, desired_size=s.desired_size, max_size=s.max_size
+                min_size=s.min_size, desired_size=initial_desired_size(s), max_size=s.max_size
             ),
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
                 id=self.launch_template.id, version=self.launch_template.latest_version.apply(str)
             ),
-            labels=GPU_LABELS,
+            labels=node_labels(args.profile),
             taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT["key"], value=GPU_TAINT["value"], effect="NO_SCHEDULE")],
             # Replacing a reserved GPU node costs hours of training: one at a time.
             update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
             node_repair_config=node_repair_config(s.auto_repair),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.can_join)),
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=list(args.can_join),
+                # The autoscaler sizes the group: a later `pulumi up` must not set it back.
+                ignore_changes=[DESIRED_SIZE_PROPERTY] if s.autoscaling else None,
+            ),
         )
+
+    def _autoscaling_tags(self, name: str, args: GpuNodeGroupArgs) -> list[aws.autoscaling.Tag]:
+        """Tags on the group's Auto Scaling group (not on its instances): ``DISCOVERY_TAG``, and
+        what the Cluster Autoscaler must know of a node to scale the group up from zero
+        (``autoscaling_group_tags``)."""
+        asg_name = self.node_group.resources.apply(lambda r: r[0].autoscaling_groups[0].name)
+        return [
+            aws.autoscaling.Tag(
+                # Named by what the tag says (label/nvidia.com/gpu -> label-nvidia.com-gpu): stable.
+                f"{name}-asg-" + key.removeprefix(f"{TEMPLATE_PREFIX}/").replace("/", "-"),
+                autoscaling_group_name=asg_name,
+                tag=aws.autoscaling.TagTagArgs(key=key, value=value, propagate_at_launch=False),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for key, value in autoscaling_group_tags(args.name, args.profile, args.lustre_client).items()
+        ]
+
+
+DESIRED_SIZE_PROPERTY = "scalingConfig.desiredSize"
+"""The node group's desired size, as Pulumi's ``ignore_changes`` names it."""
+
+
+def initial_desired_size(s: GpuNodeSettings) -> int:
+    """The group's desired size when it is created. A capacity block's group starts at 0 with the
+    autoscaler on: EKS refuses a desired size above 0 before the block starts (EKS user guide,
+    "Create a managed node group with Capacity Blocks for ML"), and the autoscaler adds nodes
+    for the job's pending pods once it is active."""
+    return 0 if s.capacity_block and s.autoscaling else s.desired_size
+
+
+def autoscaling_group_tags(cluster_name: str, profile: HardwareProfile, lustre_client: bool) -> dict[str, str]:
+    """The GPU Auto Scaling group's tags: ``DISCOVERY_TAG``, and the node template the Cluster
+    Autoscaler scales up from zero by: the node group's labels (and the Lustre label the nodes
+    add at boot, which the job requires with FSx), the GPU taint, and the GPUs and EFA
+    interfaces the device plugins advertise (the provider knows only CPU, memory and GPUs of an
+    instance type; the EFA count is ours to give)."""
+    labels = {**node_labels(profile), **(LUSTRE_READY_LABEL if lustre_client else {})}
+    resources = {"nvidia.com/gpu": profile.gpus, "vpc.amazonaws.com/efa": profile.efa_interfaces}
+    return {DISCOVERY_TAG: cluster_name, **node_template_tags(labels, [GPU_TAINT], resources)}
 
 
 def node_repair_config(enabled: bool) -> aws.eks.NodeGroupNodeRepairConfigArgs:

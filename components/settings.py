@@ -107,7 +107,9 @@ class GpuNodeSettings:
     min_size: int = 0
     """Fewest GPU nodes."""
     desired_size: int = 2
-    """GPU nodes to run (capacity blocks: changes only while the group is at 0)."""
+    """GPU nodes to start with; with the autoscaler on (``scale_down_delay_minutes``) it sizes the
+    group from then on, and this is read only when the group is created (capacity blocks: created
+    at 0, the autoscaler adds nodes once the block is active)."""
     max_size: int = 2
     """Most GPU nodes."""
     capacity_reservation_id: str | None = None
@@ -118,6 +120,10 @@ class GpuNodeSettings:
     """Root EBS volume; container images of CUDA stacks are large."""
     secondary_interface_type: SecondaryInterfaceType = "efa-only"
     """Interface type of network cards 1..N: ``efa-only`` saves IPs (VPC CNI >= 1.18.4)."""
+    scale_down_delay_minutes: int = 10
+    """Minutes a GPU node stays after its last GPU pod ends, before the Cluster Autoscaler removes
+    it (``--scale-down-unneeded-time``); pending GPU pods bring nodes back. 0: no autoscaler, the
+    group keeps ``desired_size`` until it is scaled by hand."""
     auto_repair: bool = False
     """EKS node auto repair: replace (or reboot) a GPU node that the node monitoring agent or
     the kubelet reports unhealthy (GPU Xid/NVLink errors, EFA, kernel, disk, NotReady). Off by
@@ -131,6 +137,11 @@ class GpuNodeSettings:
     """An existing placement group to launch into: the one an On-Demand Capacity Reservation was
     made in (a reservation in a cluster placement group serves only launches into that group),
     or a cluster placement group of your own for on-demand nodes."""
+
+    @property
+    def autoscaling(self) -> bool:
+        """The Cluster Autoscaler sizes the group (``scale_down_delay_minutes`` above 0)."""
+        return self.scale_down_delay_minutes > 0
 
     @property
     def placement_group(self) -> bool:

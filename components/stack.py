@@ -13,11 +13,12 @@ from components.cluster import (
     ExistingClusterArgs,
     KubernetesCluster,
 )
+from components.cluster_autoscaler import ClusterAutoscaler, ClusterAutoscalerArgs
 from components.device_plugins import DevicePlugins, DevicePluginsArgs
 from components.gpu_nodes import GpuNodeGroup, GpuNodeGroupArgs
 from components.network import Network, NetworkArgs
 from components.observability import EksAddonTarget, Observability, ObservabilityArgs
-from components.planning.forecast import forecast, forecast_line
+from components.planning.forecast import forecast, forecast_line, idle_tail_line
 from components.planning.memory_fit import model_shape
 from components.preflight import preflight
 from components.registry import TrainingImage, TrainingImageArgs
@@ -60,23 +61,27 @@ def gpu_nodes_command(profile_instance_type: str) -> str:
     )
 
 
-def preview_line(settings: Settings) -> str | None:
-    """The forecast of the stack's job, or None for a model the fit check does not know."""
+def preview_line(settings: Settings) -> str:
+    """The forecast of the stack's job (none for a model the fit check does not know) and what
+    its GPU nodes cost once it ends."""
     job, profile = settings.job, settings.profile
+    g = settings.gpu_nodes
+    tail = idle_tail_line(profile.usd_per_hour, job.nodes,
+                          g.scale_down_delay_minutes if settings.creates_cluster else None,
+                          reservation=g.capacity_reservation_id is not None)
     t = job.training
-    if t.model.model == training_config.TINY_MODEL:
-        return None
-    shape = model_shape(t.model.model, job.model_parameters)
+    shape = None if t.model.model == training_config.TINY_MODEL else model_shape(t.model.model, job.model_parameters)
     if shape is None:
-        return None
+        return tail
     f = forecast(shape, t, profile, job.nodes, gpus_per_node(job, profile))
-    return forecast_line(f, profile, job.nodes)
+    return f"{forecast_line(f, profile, job.nodes)}; {tail}"
 
 
 def scale_to_zero_command(cluster_name: str, node_group: str, max_size: int, region: str) -> str:
-    """The AWS CLI command that scales the GPU node group to zero nodes (the instances terminate;
-    the next ``pulumi up`` sets the stack file's sizes again: it refreshes first, Pulumi.yaml
-    ``options.refresh: always``, so it sees the group's live sizes)."""
+    """The AWS CLI command that scales the GPU node group to zero nodes (the instances terminate).
+    With the autoscaler off, the next ``pulumi up`` sets the stack file's sizes again: it refreshes
+    first (Pulumi.yaml ``options.refresh: always``), so it sees the group's live sizes. With it on,
+    ``pulumi up`` leaves the size to the autoscaler, which starts nodes for the next pending job."""
     return (f"aws eks update-nodegroup-config --cluster-name {cluster_name} --nodegroup-name {node_group} "
             f"--scaling-config minSize=0,maxSize={max_size},desiredSize=0 --region {region}")
 
@@ -90,9 +95,7 @@ def build_stack(settings: Settings) -> dict[Export, object]:
     Ordering: every in-cluster layer waits for the nodes its pods need (``cluster.ready``: the
     system nodes, CoreDNS, the Pod Identity agent; the device plugins also for the GPU nodes)."""
     preflight(settings)
-    line = preview_line(settings)
-    if line:
-        pulumi.log.info(line)  # time and money, before anything is created
+    pulumi.log.info(preview_line(settings))  # time and money, before anything is created
     outputs: dict[Export, object] = {}
     if settings.creates_cluster:
         cluster, shared, gpu_nodes = _new_cluster(settings, outputs)
@@ -168,7 +171,21 @@ def _new_cluster(
         ),
     )
     outputs[Export.GPU_NODE_GROUP] = gpu.node_group_name
-    # The end of every run (README, quickstart): idle GPU nodes bill by the hour (alert GpuNodesIdle).
+    if settings.gpu_nodes.autoscaling:
+        ClusterAutoscaler(
+            "gpu-autoscaling",
+            ClusterAutoscalerArgs(
+                cluster_name=settings.name,
+                region=settings.region,
+                kubernetes_version=settings.cluster.kubernetes_version,
+                scale_down_delay_minutes=settings.gpu_nodes.scale_down_delay_minutes,
+                provider=cluster.provider,
+                system_node_selector=cluster.system_node_selector,
+                ready=[*cluster.ready, *gpu.autoscaling_tags],
+            ),
+        )
+    # With the autoscaler off (gpuNodes.scaleDownDelayMinutes 0) idle GPU nodes bill by the hour
+    # until this command (alert GpuNodesIdle); with it on, it stops them before the delay.
     outputs[Export.GPU_SCALE_TO_ZERO_COMMAND] = gpu.node_group_name.apply(
         lambda group: scale_to_zero_command(settings.name, group, settings.gpu_nodes.max_size, settings.region))
     if not settings.storage.fsx:

@@ -246,6 +246,29 @@ def eks_image_registry(region: str) -> str:
         )
     return f"{EKS_IMAGE_REGISTRY_ACCOUNTS[region]}.dkr.ecr.{region}.amazonaws.com"
 
+# GPU node autoscaling (components/cluster_autoscaler.py).
+CLUSTER_AUTOSCALER = HelmChart(
+    chart="cluster-autoscaler",
+    version="9.59.0",
+    repo="https://kubernetes.github.io/autoscaler",
+)
+"""The Kubernetes Cluster Autoscaler's chart, the newest release (tag
+``cluster-autoscaler-chart-9.59.0``, 2026-07-21; components/charts/PROVENANCE.md). Its default
+image is v1.35.0: the values set ``CLUSTER_AUTOSCALER_IMAGE_TAGS`` for the cluster's version."""
+CLUSTER_AUTOSCALER_IMAGE = "registry.k8s.io/autoscaling/cluster-autoscaler"
+CLUSTER_AUTOSCALER_IMAGE_TAGS: dict[str, str] = {
+    # The newest patch of each minor: release tags cluster-autoscaler-1.33.6, -1.34.5, -1.35.2 and
+    # -1.36.1 of kubernetes/autoscaler (all 2026-07-22). The autoscaler's README asks for the
+    # minor that matches the control plane's, as it simulates that version's scheduler (cluster-autoscaler/README.md, "Releases": "using
+    # different versions of scheduler code can lead to subtle issues").
+    "1.33": "v1.33.6",
+    "1.34": "v1.34.5",
+    "1.35": "v1.35.2",
+    "1.36": "v1.36.1",
+}
+"""Cluster Autoscaler image per Kubernetes minor (a version in ``EKS_ADDONS`` without one here
+fails a test)."""
+
 # Shared storage (components/storage.py).
 FSX_CSI_DRIVER = HelmChart(
     chart="aws-fsx-csi-driver",

@@ -128,6 +128,8 @@ class AwsLikeMocks(pulumi.runtime.Mocks):
             state["latestVersion"] = 1
         elif args.typ == "aws:eks/nodeGroup:NodeGroup":
             state.setdefault("nodeGroupName", args.name)
+            # EKS names the group's Auto Scaling group eks-<node group>-<uuid>.
+            state["resources"] = [{"autoscalingGroups": [{"name": f"eks-{args.name}-0000"}]}]
         elif args.typ == "aws:ecr/repository:Repository":
             state["registryId"] = FAKE_ACCOUNT
             state["repositoryUrl"] = f"{FAKE_ACCOUNT}.dkr.ecr.{self.region}.amazonaws.com/{inputs.get('name', args.name)}"
@@ -205,6 +207,7 @@ class NoResourceRefsMonitor(pulumi_mocks.MockMonitor):
         super().__init__(mocks)
         self.dependencies: dict[tuple[str, str], list[str]] = {}
         self.delete_before_replace: set[tuple[str, str]] = set()
+        self.ignore_changes: dict[tuple[str, str], list[str]] = {}
         self.identities: dict[tuple[str, str], tuple[str, str, list[str]]] = {}
         """(type, name) -> URN, parent URN, alias URNs."""
 
@@ -225,6 +228,7 @@ class NoResourceRefsMonitor(pulumi_mocks.MockMonitor):
         self.dependencies[key] = [urn.split("::")[-1] for urn in request.dependencies]
         if request.deleteBeforeReplace:
             self.delete_before_replace.add(key)
+        self.ignore_changes[key] = list(request.ignoreChanges)
         self.identities[key] = (self.make_urn(request.parent, request.type, request.name), request.parent,
                                 [self._alias_urn(a, request) for a in request.aliases])
         return super().RegisterResource(request)
@@ -259,6 +263,7 @@ def run_program(config: dict[str, Any], stack: str = "test", mocks: AwsLikeMocks
     for registration in recording.resources:
         registration.dependencies = monitor.dependencies.get((registration.type, registration.name), [])
         registration.delete_before_replace = (registration.type, registration.name) in monitor.delete_before_replace
+        registration.ignore_changes = monitor.ignore_changes.get((registration.type, registration.name), [])
         registration.urn, registration.parent, registration.aliases = monitor.identities[
             (registration.type, registration.name)]
     return recording

@@ -18,6 +18,8 @@ class Registration:
     """Names of the resources it waits for (``depends_on`` and the resources its inputs come from)."""
     delete_before_replace: bool = False
     """Its ``delete_before_replace`` option: a replacement deletes the old one first."""
+    ignore_changes: list[str] = field(default_factory=list)
+    """Its ``ignore_changes`` option: properties a later ``pulumi up`` leaves as they are."""
     urn: str = ""
     """Its URN, as the engine builds it: the parent's type chain, its type, its name."""
     parent: str = ""

@@ -14,6 +14,7 @@ OTHER_SOURCES = {
     "kube_node_status_condition": "kube-state-metrics: every node condition, the node monitoring agent's too",
     "kube_pod_container_resource_requests": "kube-state-metrics",
     "kube_pod_status_phase": "kube-state-metrics",
+    "kube_node_spec_taint": "kube-state-metrics: one series per taint of each node (key, value, effect)",
 }
 """Series the rules use that neither dcgm-exporter nor the training package exports."""
 

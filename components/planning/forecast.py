@@ -91,3 +91,24 @@ def forecast_line(f: Forecast, profile: HardwareProfile, nodes: int) -> str:
             f"{nodes} x {profile.instance_type} at ${profile.usd_per_hour:,.2f}/h {profile.price_basis} "
             f"= ${f.usd_per_hour:,.2f}/h, about ${f.usd_per_billion_tokens:,.0f} "
             f"and {1e9 / f.tokens_per_s / 3600:.1f} h per billion tokens")
+
+
+def idle_tail_line(usd_per_hour: float, nodes: int, scale_down_delay_minutes: int | None,
+                   reservation: bool) -> str:
+    """What the GPU nodes cost after the job ends: the autoscaler's delay x nodes x price
+    (``scale_down_delay_minutes`` None: an existing cluster, whose GPU nodes this stack does not
+    size). With a reservation or a capacity block the capacity bills whether nodes run or not,
+    so scaling to zero saves nothing of it."""
+    total = nodes * usd_per_hour
+    if scale_down_delay_minutes is None:
+        tail = (f"idle GPU nodes after the job: ${total:,.2f}/h for {nodes} of the existing cluster's, "
+                "which this stack does not scale down")
+    elif scale_down_delay_minutes == 0:
+        tail = (f"idle tail after the job: ${total:,.2f}/h until the nodes are scaled down by hand "
+                "(gpuNodes.scaleDownDelayMinutes is 0: no autoscaler)")
+    else:
+        tail = (f"idle tail after the job: {scale_down_delay_minutes} min x {nodes} nodes = "
+                f"${total * scale_down_delay_minutes / 60:,.2f} before they scale to zero")
+    if reservation:
+        tail += "; the reservation itself bills whether nodes run or not"
+    return tail

@@ -16,6 +16,12 @@ PLACEMENT_GROUP_NAME = re.compile(r"[\x21-\x7e][\x20-\x7e]{0,254}")
 """An EC2 placement group name: up to 255 ASCII characters (CreatePlacementGroup ``GroupName``)."""
 
 
+MAX_SCALE_DOWN_DELAY_MINUTES = 20
+"""The longest ``gpuNodes.scaleDownDelayMinutes``: the alert ``GpuNodesIdle`` fires after 30
+idle minutes and must mean "the autoscaler is off or stuck", so the autoscaler keeps at least 10
+minutes past the delay for its scan (every 10 s) and a node's drain and termination."""
+
+
 def gpu_node_rules(s: Settings) -> list[Problem]:
     if not s.creates_cluster:
         return []
@@ -52,6 +58,10 @@ def gpu_node_rules(s: Settings) -> list[Problem]:
         problems.append(Problem("gpuNodes.placementGroupName", pg,
                                 "give the placement group's name (1-255 ASCII characters; "
                                 "aws ec2 describe-placement-groups lists them)"))
+    if not 0 <= g.scale_down_delay_minutes <= MAX_SCALE_DOWN_DELAY_MINUTES:
+        problems.append(Problem("gpuNodes.scaleDownDelayMinutes", g.scale_down_delay_minutes,
+                                f"use 1..{MAX_SCALE_DOWN_DELAY_MINUTES} minutes (the alert GpuNodesIdle calls "
+                                "idle GPU nodes stuck after 30), or 0 to keep the nodes until scaled by hand"))
     if g.root_volume_gib < 200:
         problems.append(Problem("gpuNodes.rootVolumeGiB", g.root_volume_gib,
                                 "use at least 200: CUDA training images are tens of GB"))

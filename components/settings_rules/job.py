@@ -28,7 +28,8 @@ def job_rules(s: Settings) -> list[Problem]:
                                 f"need 1 <= minNodes <= nodes ({j.nodes}) <= maxNodes"))
     if s.creates_cluster and hi > s.gpu_nodes.max_size:
         problems.append(Problem("job.maxNodes", hi, f"at most gpuNodes.maxSize ({s.gpu_nodes.max_size})"))
-    if s.creates_cluster and j.nodes > s.gpu_nodes.desired_size:
+    if s.creates_cluster and not s.gpu_nodes.autoscaling and j.nodes > s.gpu_nodes.desired_size:
+        # With the autoscaler the job's pending pods bring nodes up to maxSize (checked above).
         problems.append(Problem("job.nodes", j.nodes,
                                 f"raise gpuNodes.desiredSize ({s.gpu_nodes.desired_size}) or lower job.nodes: "
                                 "the job would wait for nodes that never come"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.planning.forecast import forecast
+from components.planning.forecast import forecast, idle_tail_line
 from components.planning.hardware import PROFILES
 from components.planning.memory_fit import model_shape
 from components.stack import preview_line
@@ -78,3 +78,37 @@ def test_float8_recipes_are_forecast_at_their_measured_speed():
         f = forecast(SEVEN, job(*base, "--float8-recipe", recipe), p5, 1, 8)
         assert f.tokens_per_s_per_gpu / tensorwise == pytest.approx(
             speed[f"ours-16l-fp8-{recipe}"] / speed["ours-16l-fp8"], rel=1e-3)
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    # The line names the delay, the nodes, and delay x nodes x price.
+    ({}, "idle tail after the job: 10 min x 2 nodes = ${tail:,.2f} before they scale to zero"),
+    ({"scaleDownDelayMinutes": 20}, "idle tail after the job: 20 min x 2 nodes = ${tail:,.2f} before"),
+    ({"scaleDownDelayMinutes": 0}, "idle tail after the job: ${hourly:,.2f}/h until the nodes are scaled down by hand"),
+])
+def test_preview_gives_the_idle_tail_beside_the_jobs_cost(changes, expected):
+    """The forecast line ends with what the GPU nodes cost after the job: the autoscaler's
+    delay x the job's nodes x the dated price, or the hourly price when nothing scales them down."""
+    raw = raw_settings("p5")
+    raw["gpuNodes"] = {**raw["gpuNodes"], **changes}
+    settings = parse(raw)
+    price, nodes = settings.profile.usd_per_hour, settings.job.nodes
+    delay = settings.gpu_nodes.scale_down_delay_minutes
+    line = preview_line(settings)
+    assert line.startswith("job forecast:"), line
+    assert expected.format(tail=nodes * price * delay / 60, hourly=nodes * price) in line, line
+
+
+def test_a_reservation_is_paid_whether_nodes_run_or_not():
+    """Scaling to zero saves the instance-hours of on-demand nodes, nothing of a reservation."""
+    raw = raw_settings("p5")
+    raw["gpuNodes"] = {**raw["gpuNodes"], "capacityReservationId": "cr-0123456789abcdef0"}
+    assert "the reservation itself bills whether nodes run or not" in preview_line(parse(raw))
+    assert "reservation" not in preview_line(parse(raw_settings("p5")))
+
+
+def test_an_existing_clusters_nodes_are_priced_by_the_hour():
+    """On an existing cluster nothing of this stack scales the GPU nodes: the tail is an hourly
+    price, never a delay."""
+    tail = idle_tail_line(55.04, 2, None, reservation=False)
+    assert "$110.08/h for 2" in tail and "min x" not in tail

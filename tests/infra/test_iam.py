@@ -32,6 +32,16 @@ EXPECTED: dict[str, dict[str, str]] = {
         "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly": "pull the training and add-on images",
         "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore": "Session Manager instead of SSH to debug a node",
     },
+    "gpu-autoscaling-cluster-autoscaler-role": {
+        inline(["autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeAutoScalingInstances",
+                "autoscaling:DescribeLaunchConfigurations", "autoscaling:DescribeScalingActivities",
+                "ec2:DescribeImages", "ec2:DescribeInstanceTypes", "ec2:DescribeLaunchTemplateVersions",
+                "ec2:GetInstanceTypesFromInstanceRequirements", "eks:DescribeNodegroup"], "*"):
+            "Cluster Autoscaler's reads (no resource-level scoping for them): groups, instance types, node groups",
+        inline(["autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup"], "*"):
+            "Cluster Autoscaler scales the GPU group: only groups tagged with this cluster's name "
+            "(condition checked in tests/infra/test_lifecycle_autoscaling.py)",
+    },
     "observability-ebs-csi-role": {
         "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy":
             "EBS CSI controller (Pod Identity): create, attach, delete Prometheus' gp3 volume",

@@ -176,15 +176,22 @@ def test_the_users_days(cluster: str, tmp_path: Path):
     ids |= set(map(rdzv_id, reruns))
     assert len(ids) == 5, f"every re-run needs its own rendezvous id: {ids}"
 
-    # Scale to zero, then README's next command is `pulumi up`, which restores the stack file's sizes.
+    # Scale to zero. With the autoscaler (the default) nothing is typed: it removes the nodes after
+    # the delay (tests/infra/test_lifecycle_autoscaling.py) and `pulumi up` leaves the size to it.
+    # With it off, README's command, then `pulumi up`, which refreshes first and restores the sizes.
     if cluster == "new":
         scale = f'eval "$(pulumi stack output {Export.GPU_SCALE_TO_ZERO_COMMAND})"'
-        after = commands[commands.index(scale) + 1:]
-        assert after[0] == "pulumi up", "README's next step after scaling to zero"
-        assert "desiredSize=0" in up.exports[Export.GPU_SCALE_TO_ZERO_COMMAND]
-        sizes = up.one(NODE_GROUP, "gpu-gpu").inputs["scalingConfig"]
+        assert scale not in commands, "the quickstart ends without a manual scale command"
+        assert up.one(NODE_GROUP, "gpu-gpu").ignore_changes == ["scalingConfig.desiredSize"], (
+            "`pulumi up` would set the autoscaler's size back")
+        off = run_program(variant_config("p5", gpuNodes={"scaleDownDelayMinutes": 0}), "lifecycle-autoscaler-off")
+        [by_hand] = [p for p in README.split("\n\n") if p.startswith("Setting a size by hand") and scale in p]
+        assert "`pulumi up`" in by_hand.split(scale, 1)[1], "README's next step after scaling to zero"
+        assert "desiredSize=0" in off.exports[Export.GPU_SCALE_TO_ZERO_COMMAND]
+        gpu_group = off.one(NODE_GROUP, "gpu-gpu")
+        assert gpu_group.ignore_changes == [], "the refreshed `pulumi up` must restore the size"
         wanted = stack_config("p5")["fsdp-eks:gpuNodes"]
-        assert int(sizes["desiredSize"]) == wanted["desiredSize"] > 0, "what the refreshed `pulumi up` restores"
+        assert int(gpu_group.inputs["scalingConfig"]["desiredSize"]) == wanted["desiredSize"] > 0
         # The alert that sends the user here says the same commands.
         rules = yaml.safe_load(RULES_FILE.read_text())
         [idle] = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "GpuNodesIdle"]

@@ -142,9 +142,11 @@ def test_bad_value_is_reported_not_crashed_on(section, key, value, fix):
 
 
 def test_job_needs_the_nodes_it_asks_for():
+    """Without the autoscaler the group stays at desiredSize; with it, pending pods bring nodes
+    up to maxSize."""
     config = raw("p5")
     config["job"]["nodes"] = 3
-    config["gpuNodes"].update(maxSize=4)
+    config["gpuNodes"].update(maxSize=4, scaleDownDelayMinutes=0)
     assert "job.nodes = 3: raise gpuNodes.desiredSize" in errors(config)
 
 

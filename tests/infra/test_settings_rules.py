@@ -151,8 +151,14 @@ CASES = [
      "job.minNodes/maxNodes", "need 1 <= minNodes <= nodes (2) <= maxNodes"),
     ("max-nodes-beyond-the-node-group", "p5", {"job.maxNodes": 3}, SECRETS,
      "job.maxNodes", "at most gpuNodes.maxSize (2)"),
-    ("nodes-beyond-desired", "p5", {"job.nodes": 3, "gpuNodes.maxSize": 4}, SECRETS,
+    ("nodes-beyond-desired-without-autoscaler", "p5", {"job.nodes": 3, "gpuNodes.maxSize": 4,
+                                                        "gpuNodes.scaleDownDelayMinutes": 0}, SECRETS,
      "job.nodes", "raise gpuNodes.desiredSize (2)"),
+    # GpuNodesIdle (30 idle minutes) must mean "the autoscaler is off or stuck".
+    ("scale-down-delay-past-the-idle-alert", "p5", {"gpuNodes.scaleDownDelayMinutes": 21}, SECRETS,
+     "gpuNodes.scaleDownDelayMinutes", "use 1..20 minutes"),
+    ("scale-down-delay-negative", "p5", {"gpuNodes.scaleDownDelayMinutes": -1}, SECRETS,
+     "gpuNodes.scaleDownDelayMinutes", "or 0 to keep the nodes"),
     ("hybrid-shard-on-one-node", "p5", {"job.nodes": 1, "job.sharding": "HYBRID_SHARD"}, SECRETS,
      "job.sharding", "replicates across nodes"),
     # HYBRID_SHARD's mesh is (world / shard, shard): torch's DeviceMesh needs the shard size to divide
@@ -260,6 +266,10 @@ ACCEPTED = [
     ("fsx-throughput-1000", "p5", {"storage.fsxThroughputPerTiB": 1000}),
     ("one-node-on-its-nvme", "p5", {"storage.fsx": False, "job.nodes": 1}),
     ("existing-cluster-with-a-claim", "p5", EXISTING),
+    # The autoscaler brings nodes up to maxSize for the job's pending pods.
+    ("nodes-beyond-desired-with-autoscaler", "p5", {"job.nodes": 3, "gpuNodes.maxSize": 4}),
+    ("scale-down-delay-20", "p5", {"gpuNodes.scaleDownDelayMinutes": 20}),
+    ("no-autoscaler", "p5", {"gpuNodes.scaleDownDelayMinutes": 0}),
     ("one-node-group-of-one", "p5", {"gpuNodes.desiredSize": 1, "gpuNodes.maxSize": 1, "job.nodes": 1}),
     ("system-nodes-one", "p5", {"cluster.systemNodes": {"minSize": 1, "desiredSize": 1, "maxSize": 1}}),
     ("half-a-billion-parameters", "p5", {"job.model": "Qwen/Qwen2.5-0.5B", "job.modelParameters": 0.5}),

@@ -149,6 +149,11 @@ LABELS = {**RENDEZVOUS_CLIENT_LABELS, "app.kubernetes.io/component": "training"}
 CHECK_LABELS = {"app.kubernetes.io/component": "node-check"}
 """What the node check job's objects carry instead of the training component (not scraped)."""
 NODE_CHECK_NAME = "node-check"
+JOB_MANIFEST_OUTPUT = "job_manifest"
+"""The stack output holding the run's PyTorchJob, which ``rerun_command`` creates again
+(components/stack.py exports it under this name)."""
+NODE_CHECK_MANIFEST_OUTPUT = "node_check_manifest"
+"""The stack output holding the node check's PyTorchJob, which ``node_check_command`` creates."""
 NODE_CHECK_GRACE_S = 900
 """Seconds the node check command waits beyond the check's own limit: scheduling, the image
 pull, the rendezvous."""
@@ -455,12 +460,12 @@ def fresh_run_command(output: str, name: str) -> str:
 def rerun_command(namespace: str, name: str, max_nodes: int) -> str:
     """Start the stack's run again as a new job (after it finished, failed or was deleted) and
     print the new job's name and the command that follows its log."""
-    return (f"{fresh_run_command('job_manifest', name)} && "
+    return (f"{fresh_run_command(JOB_MANIFEST_OUTPUT, name)} && "
             f"echo \"$run\"; echo \"logs: {logs_command(namespace, '$run', max_nodes)}\"")
 
 
 def node_check_command(namespace: str, name: str, max_nodes: int, timeout_s: int) -> str:
-    """Create a one-off node check job from the stack output ``node_check_manifest`` (a new name and
+    """Create a one-off node check job from the stack output ``NODE_CHECK_MANIFEST_OUTPUT`` (a new name and
     rendezvous id on every invocation, ``fresh_run_command``), wait until it succeeded or failed,
     print rank 0's table, delete the job (its report stays in its run directory's metrics.jsonl)
     and print its end state; the command's exit status is 0 only when the check succeeded. The
@@ -470,7 +475,7 @@ def node_check_command(namespace: str, name: str, max_nodes: int, timeout_s: int
     finished = job + " -o jsonpath='{.status.conditions[?(@.status==\"True\")].type}'"
     polls = (timeout_s + NODE_CHECK_GRACE_S) // NODE_CHECK_POLL_S
     return (
-        f"{fresh_run_command('node_check_manifest', name)} && "
+        f"{fresh_run_command(NODE_CHECK_MANIFEST_OUTPUT, name)} && "
         f"for _ in $(seq {polls}); do {finished} | grep -qE 'Succeeded|Failed' && break; "
         f"sleep {NODE_CHECK_POLL_S}; done; "
         f"kubectl -n {namespace} logs -l {RUN_LABEL}={run} -c {CONTAINER} --tail=-1 "

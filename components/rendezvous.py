@@ -70,10 +70,10 @@ def etcd_command(namespace: str) -> list[str]:
     ]
 
 
-def etcd_deployment(namespace: str, node_selector: Mapping[str, str]) -> dict:
-    """The Deployment as a plain Kubernetes object (what tests validate)."""
+def _etcd_container(namespace: str) -> dict:
+    """The etcd container: pinned image, probes on the client port, requests = limits, locked down."""
     probe = {"httpGet": {"path": "/health", "port": CLIENT_PORT}, "periodSeconds": 10, "timeoutSeconds": 5}
-    container = {
+    return {
         "name": NAME,
         "image": versions.ETCD_IMAGE,
         # With a tag pin (no digest), every start re-reads the tag rather than trusting a node's cache.
@@ -94,6 +94,10 @@ def etcd_deployment(namespace: str, node_selector: Mapping[str, str]) -> dict:
             "capabilities": {"drop": ["ALL"]},
         },
     }
+
+
+def _etcd_pod_spec(namespace: str, node_selector: Mapping[str, str]) -> dict:
+    """The pod: etcd alone, its data directory in memory, on ``node_selector``'s nodes (any when empty)."""
     pod_spec = {
         # etcd never calls the Kubernetes API: no token in the pod.
         "automountServiceAccountToken": False,
@@ -104,11 +108,16 @@ def etcd_deployment(namespace: str, node_selector: Mapping[str, str]) -> dict:
             "fsGroup": UID,  # the emptyDir data directory is writable by etcd's uid
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [container],
+        "containers": [_etcd_container(namespace)],
         "volumes": [{"name": "data", "emptyDir": {"medium": "Memory", "sizeLimit": "512Mi"}}],
     }
     if node_selector:
         pod_spec["nodeSelector"] = dict(node_selector)
+    return pod_spec
+
+
+def etcd_deployment(namespace: str, node_selector: Mapping[str, str]) -> dict:
+    """The Deployment as a plain Kubernetes object (what tests validate)."""
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -119,7 +128,7 @@ def etcd_deployment(namespace: str, node_selector: Mapping[str, str]) -> dict:
             # Never two members with separate state: the old pod goes before the new one starts.
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": dict(LABELS)},
-            "template": {"metadata": {"labels": dict(LABELS)}, "spec": pod_spec},
+            "template": {"metadata": {"labels": dict(LABELS)}, "spec": _etcd_pod_spec(namespace, node_selector)},
         },
     }
 

@@ -146,8 +146,9 @@ def _not_an_object(key: str, value: Any, known: list[str]) -> Problem:
     return Problem(key, value, f"{what} (key: value pairs; known keys: {', '.join(known)})")
 
 
-def _parse_dataclass(raw: Any, cls: type, key: str, problems: list[Problem]) -> Any:
-    """Build ``cls`` from a camelCase mapping; unknown keys and wrong types become problems."""
+def _parse_dataclass(raw: Any, cls: type, key: str, problems: list[Problem], **parsed: Any) -> Any:
+    """Build ``cls`` from a camelCase mapping; unknown keys and wrong types become problems.
+    ``parsed``: fields already built from other keys, by name."""
     if not isinstance(raw, Mapping):
         problems.append(_not_an_object(key, raw, section_keys(cls)))
         return None
@@ -172,7 +173,7 @@ def _parse_dataclass(raw: Any, cls: type, key: str, problems: list[Problem]) -> 
     for name in missing:
         if camel(name) not in raw:  # a value given but refused was named above
             problems.append(Problem(f"{key}.{camel(name)}", None, "required"))
-    return cls(**kwargs) if not missing else None
+    return cls(**kwargs, **parsed) if not missing else None
 
 
 def section_keys(cls: type) -> list[str]:
@@ -241,8 +242,11 @@ def _parse_job(raw: Any, problems: list[Problem]) -> JobSettings | None:
         else:  # exact spelling only
             problems.append(_unknown_key("job", raw_key, value, section_keys(JobSettings)))
     training = _parse_training(train, problems)
-    job = _parse_dataclass(own, JobSettings, "job", problems)
-    return job if job is None or training is None else dataclasses.replace(job, training=training)
+    if training is None:  # the job's own keys still get their problems named
+        _parse_dataclass(own, JobSettings, "job", problems)
+        return None
+    # Built with the parsed config, not the default one: the package's rules run once per preview.
+    return _parse_dataclass(own, JobSettings, "job", problems, training=training)
 
 
 TOP_LEVEL_KEYS = [*SCALAR_KEYS, *SECTIONS, *SECRET_KEYS]

@@ -25,7 +25,12 @@ from components.registry import TrainingImage, TrainingImageArgs
 from components.settings import Settings, SettingsError, gpus_per_node
 from components.settings_parser import load_settings
 from components.storage import SharedClaim, SharedStorage, SharedStorageArgs
-from components.training_job import TrainingJob, TrainingJobArgs
+from components.training_job import (
+    JOB_MANIFEST_OUTPUT,
+    NODE_CHECK_MANIFEST_OUTPUT,
+    TrainingJob,
+    TrainingJobArgs,
+)
 from components.training_operator import TrainingOperator, TrainingOperatorArgs
 from training import config as training_config
 
@@ -45,9 +50,9 @@ class Export(StrEnum):
     JOB_STATUS_COMMAND = "job_status_command"
     JOB_LOGS_COMMAND = "job_logs_command"
     JOB_DELETE_COMMAND = "job_delete_command"
-    JOB_MANIFEST = "job_manifest"
+    JOB_MANIFEST = JOB_MANIFEST_OUTPUT
     JOB_RERUN_COMMAND = "job_rerun_command"
-    NODE_CHECK_MANIFEST = "node_check_manifest"
+    NODE_CHECK_MANIFEST = NODE_CHECK_MANIFEST_OUTPUT
     NODE_CHECK_COMMAND = "node_check_command"
 
 

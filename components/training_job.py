@@ -149,6 +149,11 @@ LABELS = {**RENDEZVOUS_CLIENT_LABELS, "app.kubernetes.io/component": "training"}
 CHECK_LABELS = {"app.kubernetes.io/component": "node-check"}
 """What the node check job's objects carry instead of the training component (not scraped)."""
 NODE_CHECK_NAME = "node-check"
+JOB_MANIFEST_OUTPUT = "job_manifest"
+"""The stack output holding the run's PyTorchJob, which ``rerun_command`` creates again
+(components/stack.py exports it under this name)."""
+NODE_CHECK_MANIFEST_OUTPUT = "node_check_manifest"
+"""The stack output holding the node check's PyTorchJob, which ``node_check_command`` creates."""
 NODE_CHECK_GRACE_S = 900
 """Seconds the node check command waits beyond the check's own limit: scheduling, the image
 pull, the rendezvous."""
@@ -240,22 +245,24 @@ def _env(job: JobSettings, hf_secret: str | None) -> list[dict]:
     return env
 
 
-def _pod_template(
-    job: JobSettings, profile: HardwareProfile, image: str, hf_secret: str | None, shared_claim: str | None = None,
-    module: str = "training.finetune",
-    node_labels: Mapping[str, str] | None = None,
-) -> dict:
+def _run_mounts(shared_claim: str | None) -> list[dict]:
+    """NVMe, the run's directory on it, and the shared claim's file system when there is one."""
+    return [
+        {"name": "nvme", "mountPath": NVME},
+        {"name": "nvme", "mountPath": RUN_DIR, "subPath": f"runs/{RUN}"},
+        *([] if shared_claim is None else [{"name": "shared", "mountPath": SHARED_DIR}]),
+    ]
+
+
+def _worker_container(job: JobSettings, profile: HardwareProfile, image: str, hf_secret: str | None,
+                      shared_claim: str | None, data_dir: str, module: str) -> dict:
+    """The container that runs ``module`` under torchrun, with the node's GPUs and EFA devices."""
     gpus = gpus_per_node(job, profile)
-    # Checkpoints and the exported model: the run's directory on the shared claim, else on NVMe.
-    data_dir = RUN_DIR if shared_claim is None else f"{SHARED_DIR}/runs/{RUN}"
-    shared_mounts = [] if shared_claim is None else [{"name": "shared", "mountPath": SHARED_DIR}]
-    made = [HF_HOME, f"{data_dir}/checkpoints", f"{data_dir}/output"]
-    owned = [HF_HOME, RUN_DIR, *([data_dir] if data_dir != RUN_DIR else []), *made[1:]]
     devices = {"nvidia.com/gpu": str(gpus), "vpc.amazonaws.com/efa": str(efa_per_node(job, profile))}
     ports = [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}]
     if job.rdzv_backend == "c10d":
         ports.append({"name": "c10d", "containerPort": C10D_PORT, "protocol": "TCP"})
-    container = {
+    return {
         "name": CONTAINER,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
@@ -268,14 +275,15 @@ def _pod_template(
                          "memory": f"{profile.pod_memory_gib_per_gpu * gpus}Gi", **devices},
             "limits": dict(devices),
         },
-        "volumeMounts": [
-            {"name": "shm", "mountPath": "/dev/shm"},
-            {"name": "nvme", "mountPath": NVME},
-            {"name": "nvme", "mountPath": RUN_DIR, "subPath": f"runs/{RUN}"},
-            *shared_mounts,
-        ],
+        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}, *_run_mounts(shared_claim)],
     }
-    prepare = {
+
+
+def _prepare_container(image: str, shared_claim: str | None, data_dir: str) -> dict:
+    """The init container that makes the run's directories and gives them to the training user."""
+    made = [HF_HOME, f"{data_dir}/checkpoints", f"{data_dir}/output"]
+    owned = [HF_HOME, RUN_DIR, *([data_dir] if data_dir != RUN_DIR else []), *made[1:]]
+    return {
         # The kubelet creates hostPath subPaths as root, and a shared file system's root is
         # root's (FSx for Lustre): the training user must write to the run's directories.
         "name": "prepare-nvme",
@@ -286,12 +294,17 @@ def _pod_template(
         ],
         "securityContext": dict(PREPARE_SECURITY),
         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
-        "volumeMounts": [
-            {"name": "nvme", "mountPath": NVME},
-            {"name": "nvme", "mountPath": RUN_DIR, "subPath": f"runs/{RUN}"},
-            *shared_mounts,
-        ],
+        "volumeMounts": _run_mounts(shared_claim),
     }
+
+
+def _pod_template(
+    job: JobSettings, profile: HardwareProfile, image: str, hf_secret: str | None, shared_claim: str | None = None,
+    module: str = "training.finetune",
+    node_labels: Mapping[str, str] | None = None,
+) -> dict:
+    # Checkpoints and the exported model: the run's directory on the shared claim, else on NVMe.
+    data_dir = RUN_DIR if shared_claim is None else f"{SHARED_DIR}/runs/{RUN}"
     shared_volumes = [] if shared_claim is None else [
         {"name": "shared", "persistentVolumeClaim": {"claimName": shared_claim}}
     ]
@@ -303,8 +316,8 @@ def _pod_template(
             "securityContext": dict(WORKER_SECURITY["pod"]),
             # Nothing in the pod calls the Kubernetes API: no service-account token to steal.
             "automountServiceAccountToken": False,
-            "initContainers": [prepare],
-            "containers": [container],
+            "initContainers": [_prepare_container(image, shared_claim, data_dir)],
+            "containers": [_worker_container(job, profile, image, hf_secret, shared_claim, data_dir, module)],
             "volumes": [
                 {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
                 # Directory, not DirectoryOrCreate: without the RAID the pod waits with a clear
@@ -336,6 +349,29 @@ def run_name(model: str, body: Mapping) -> str:
     return f"{model_slug(model)}-{digest[:HASH_LENGTH]}"
 
 
+def _job_spec(job: JobSettings, profile: HardwareProfile, template: dict, rdzv_host: str | None,
+              check_only: bool) -> dict:
+    """The PyTorchJob's spec: its rendezvous, processes per node, restarts and the workers' pod."""
+    restarts = 0 if check_only else job.max_restarts
+    return {
+        "elasticPolicy": _elastic_policy(job, rdzv_host, restarts),
+        "nprocPerNode": str(gpus_per_node(job, profile)),
+        "runPolicy": {
+            # Running pods of a finished or failed job go (freeing GPUs); finished pods stay
+            # for their logs. A crash-looping worker fails the job after maxRestarts.
+            "cleanPodPolicy": "Running",
+            "backoffLimit": restarts,
+        },
+        "pytorchReplicaSpecs": {
+            "Worker": {
+                "replicas": job.nodes,
+                "restartPolicy": "Never" if check_only else "OnFailure",
+                "template": template,
+            }
+        },
+    }
+
+
 def pytorchjob_manifest(
     job: JobSettings,
     profile: HardwareProfile,
@@ -357,7 +393,6 @@ def pytorchjob_manifest(
     ``check_only``: the one-off job of the node check command (``training.node_check`` with the
     job's flags, named ``node-check-<hash>``, no restart, not scraped).
     """
-    restarts = 0 if check_only else job.max_restarts
     template = _pod_template(job, profile, image, hf_secret, shared_claim,
                              "training.node_check" if check_only else "training.finetune", node_labels)
     if check_only:  # the PodMonitor selects the training pods' labels: not these
@@ -367,23 +402,7 @@ def pytorchjob_manifest(
         "kind": KIND,
         "metadata": {"name": RUN, "namespace": namespace,
                      "labels": {**LABELS, **(CHECK_LABELS if check_only else {})}},
-        "spec": {
-            "elasticPolicy": _elastic_policy(job, rdzv_host, restarts),
-            "nprocPerNode": str(gpus_per_node(job, profile)),
-            "runPolicy": {
-                # Running pods of a finished or failed job go (freeing GPUs); finished pods stay
-                # for their logs. A crash-looping worker fails the job after maxRestarts.
-                "cleanPodPolicy": "Running",
-                "backoffLimit": restarts,
-            },
-            "pytorchReplicaSpecs": {
-                "Worker": {
-                    "replicas": job.nodes,
-                    "restartPolicy": "Never" if check_only else "OnFailure",
-                    "template": template,
-                }
-            },
-        },
+        "spec": _job_spec(job, profile, template, rdzv_host, check_only),
     }
     name = run_name(NODE_CHECK_NAME if check_only else job.training.model.model, body)
     return json.loads(json.dumps(body).replace(RUN, name))
@@ -441,12 +460,12 @@ def fresh_run_command(output: str, name: str) -> str:
 def rerun_command(namespace: str, name: str, max_nodes: int) -> str:
     """Start the stack's run again as a new job (after it finished, failed or was deleted) and
     print the new job's name and the command that follows its log."""
-    return (f"{fresh_run_command('job_manifest', name)} && "
+    return (f"{fresh_run_command(JOB_MANIFEST_OUTPUT, name)} && "
             f"echo \"$run\"; echo \"logs: {logs_command(namespace, '$run', max_nodes)}\"")
 
 
 def node_check_command(namespace: str, name: str, max_nodes: int, timeout_s: int) -> str:
-    """Create a one-off node check job from the stack output ``node_check_manifest`` (a new name and
+    """Create a one-off node check job from the stack output ``NODE_CHECK_MANIFEST_OUTPUT`` (a new name and
     rendezvous id on every invocation, ``fresh_run_command``), wait until it succeeded or failed,
     print rank 0's table, delete the job (its report stays in its run directory's metrics.jsonl)
     and print its end state; the command's exit status is 0 only when the check succeeded. The
@@ -456,7 +475,7 @@ def node_check_command(namespace: str, name: str, max_nodes: int, timeout_s: int
     finished = job + " -o jsonpath='{.status.conditions[?(@.status==\"True\")].type}'"
     polls = (timeout_s + NODE_CHECK_GRACE_S) // NODE_CHECK_POLL_S
     return (
-        f"{fresh_run_command('node_check_manifest', name)} && "
+        f"{fresh_run_command(NODE_CHECK_MANIFEST_OUTPUT, name)} && "
         f"for _ in $(seq {polls}); do {finished} | grep -qE 'Succeeded|Failed' && break; "
         f"sleep {NODE_CHECK_POLL_S}; done; "
         f"kubectl -n {namespace} logs -l {RUN_LABEL}={run} -c {CONTAINER} --tail=-1 "
@@ -506,59 +525,14 @@ class TrainingJob(pulumi.ComponentResource):
         )
         in_namespace = pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(depends_on=[self.namespace]))
         self.hf_secret = self._hf_secret(name, ns, args.hf_token, in_namespace)
-        self.rendezvous = None
-        if args.job.rdzv_backend != "c10d":
-            self.rendezvous = rendezvous.Rendezvous(
-                f"{name}-etcd",
-                rendezvous.RendezvousArgs(
-                    namespace=ns, provider=args.provider, node_selector=args.system_node_selector,
-                    client_labels=RENDEZVOUS_CLIENT_LABELS, depends_on=[self.namespace],
-                ),
-                opts=pulumi.ResourceOptions(parent=self),
-            )
-        def render(image: str, check_only: bool) -> dict:
-            return pytorchjob_manifest(
-                args.job, args.profile, image=image, namespace=ns,
-                rdzv_host=self.rendezvous.host if self.rendezvous else None,
-                hf_secret=HF_SECRET if self.hf_secret else None,
-                shared_claim=args.shared.name if args.shared else None,
-                node_labels=args.shared.node_labels if args.shared else None,
-                check_only=check_only,
-            )
-
+        self.rendezvous = self._rendezvous(name, args)
         image = pulumi.Output.from_input(args.image)
-        self.manifest = image.apply(lambda i: render(i, check_only=False))
+        self.manifest = image.apply(lambda i: self._render(args, i, check_only=False))
         # Not created: the node check command creates it on demand (a stack output).
-        self.node_check_manifest = image.apply(lambda i: render(i, check_only=True))
+        self.node_check_manifest = image.apply(lambda i: self._render(args, i, check_only=True))
         self.shared_claim = self._shared_claim(name, args.shared, in_namespace)
-        after = [self.namespace, *args.operator, *([self.hf_secret] if self.hf_secret else []),
-                 *([self.rendezvous] if self.rendezvous else []),
-                 *([self.shared_claim] if self.shared_claim else [])]
-        self.pytorchjob = k8s.apiextensions.CustomResource(
-            f"{name}-pytorchjob",
-            api_version=API_VERSION,
-            kind=KIND,
-            metadata=self.manifest.apply(lambda m: m["metadata"]),
-            spec=self.manifest.apply(lambda m: m["spec"]),
-            # A new name is a new run: free the old run's GPUs before the new one is scheduled.
-            opts=pulumi.ResourceOptions.merge(
-                in_cluster, pulumi.ResourceOptions(depends_on=after, delete_before_replace=True)
-            ),
-        )
-        self.pod_monitor = None
-        if args.monitoring is not None:
-            monitor = pod_monitor_manifest(ns)
-            self.pod_monitor = k8s.apiextensions.CustomResource(
-                f"{name}-podmonitor",
-                api_version=monitor["apiVersion"],
-                kind=monitor["kind"],
-                metadata=monitor["metadata"],
-                spec=monitor["spec"],
-                # The PodMonitor CRD comes with the monitoring stack.
-                opts=pulumi.ResourceOptions.merge(
-                    in_cluster, pulumi.ResourceOptions(depends_on=[self.namespace, *args.monitoring])
-                ),
-            )
+        self.pytorchjob = self._pytorchjob(name, args.operator, in_cluster)
+        self.pod_monitor = self._pod_monitor(name, ns, args.monitoring, in_cluster)
         self.job_name = self.manifest.apply(lambda m: m["metadata"]["name"])
         max_nodes = job_node_bounds(args.job)[1]
         check_timeout_s = args.job.training.node_check.node_check_timeout_s
@@ -573,6 +547,66 @@ class TrainingJob(pulumi.ComponentResource):
                                "manifest": self.manifest, "rerun_command": self.rerun_command,
                                "node_check_manifest": self.node_check_manifest,
                                "node_check_command": self.node_check_command})
+
+    def _rendezvous(self, name: str, args: TrainingJobArgs) -> rendezvous.Rendezvous | None:
+        """etcd for the rendezvous, in the job's namespace on the system nodes (none with c10d)."""
+        if args.job.rdzv_backend == "c10d":
+            return None
+        return rendezvous.Rendezvous(
+            f"{name}-etcd",
+            rendezvous.RendezvousArgs(
+                namespace=args.job.namespace, provider=args.provider, node_selector=args.system_node_selector,
+                client_labels=RENDEZVOUS_CLIENT_LABELS, depends_on=[self.namespace],
+            ),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+
+    def _render(self, args: TrainingJobArgs, image: str, check_only: bool) -> dict:
+        """The run's PyTorchJob (or the node check's) for this component's etcd, Secret and claim."""
+        return pytorchjob_manifest(
+            args.job, args.profile, image=image, namespace=args.job.namespace,
+            rdzv_host=self.rendezvous.host if self.rendezvous else None,
+            hf_secret=HF_SECRET if self.hf_secret else None,
+            shared_claim=args.shared.name if args.shared else None,
+            node_labels=args.shared.node_labels if args.shared else None,
+            check_only=check_only,
+        )
+
+    def _pytorchjob(self, name: str, operator: Sequence[pulumi.Resource],
+                    opts: pulumi.ResourceOptions) -> k8s.apiextensions.CustomResource:
+        """The run, created after the operator and everything its pods mount or reach."""
+        after = [self.namespace, *operator, *([self.hf_secret] if self.hf_secret else []),
+                 *([self.rendezvous] if self.rendezvous else []),
+                 *([self.shared_claim] if self.shared_claim else [])]
+        return k8s.apiextensions.CustomResource(
+            f"{name}-pytorchjob",
+            api_version=API_VERSION,
+            kind=KIND,
+            metadata=self.manifest.apply(lambda m: m["metadata"]),
+            spec=self.manifest.apply(lambda m: m["spec"]),
+            # A new name is a new run: free the old run's GPUs before the new one is scheduled.
+            opts=pulumi.ResourceOptions.merge(
+                opts, pulumi.ResourceOptions(depends_on=after, delete_before_replace=True)
+            ),
+        )
+
+    def _pod_monitor(self, name: str, namespace: str, monitoring: Sequence[pulumi.Resource] | None,
+                     opts: pulumi.ResourceOptions) -> k8s.apiextensions.CustomResource | None:
+        """The PodMonitor of every run's pods (none without the monitoring stack)."""
+        if monitoring is None:
+            return None
+        monitor = pod_monitor_manifest(namespace)
+        return k8s.apiextensions.CustomResource(
+            f"{name}-podmonitor",
+            api_version=monitor["apiVersion"],
+            kind=monitor["kind"],
+            metadata=monitor["metadata"],
+            spec=monitor["spec"],
+            # The PodMonitor CRD comes with the monitoring stack.
+            opts=pulumi.ResourceOptions.merge(
+                opts, pulumi.ResourceOptions(depends_on=[self.namespace, *monitoring])
+            ),
+        )
 
     def _shared_claim(
         self, name: str, shared: SharedClaim | None, opts: pulumi.ResourceOptions

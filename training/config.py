@@ -67,7 +67,7 @@ class ConfigError(ValueError):
 
 
 class _Section:
-    """A config section: ``problems()`` lists its user mistakes; ``JobConfig`` raises them all."""
+    """A config section: ``problems()`` lists its user mistakes; ``JobConfig.problems`` gathers them."""
 
     def problems(self) -> list[Problem]:
         return []
@@ -474,14 +474,16 @@ class JobConfig:
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     node_check: NodeCheckConfig = dataclasses.field(default_factory=NodeCheckConfig)
 
-    def __post_init__(self) -> None:
-        problems = [p for name in SECTIONS for p in getattr(self, name).problems()]
-        problems += _failing(
+    def problems(self) -> list[Problem]:
+        """Every user mistake of the job: each section's, then those across sections.
+
+        Not run at construction: ``from_fields`` runs it once per process (the pod's command
+        line, the stack's settings), and the typed copies made from a checked config
+        (``dataclasses.replace``) are not checked again."""
+        return [p for name in SECTIONS for p in getattr(self, name).problems()] + _failing(
             (not self.checkpoint.keep_best or self.data.val_fraction > 0, "keep_best",
              "needs a validation set: --val-fraction > 0 (0 turns evaluation off)"),
         )
-        if problems:
-            raise ConfigError(problems)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -565,10 +567,13 @@ def from_fields(values: Mapping[str, object]) -> JobConfig:
     """
     unknown = sorted(set(values) - set(fields()))
     assert not unknown, f"not config fields: {unknown}"
-    return JobConfig(**{
+    cfg = JobConfig(**{
         name: section(**{f.name: values[f.name] for f in dataclasses.fields(section)
                          if f.name in values})
         for name, section in SECTIONS.items()})
+    if problems := cfg.problems():
+        raise ConfigError(problems)
+    return cfg
 
 
 def flat(cfg: JobConfig) -> dict[str, object]:

@@ -22,8 +22,9 @@ from components.training_job import (
     pytorchjob_manifest,
     training_command,
 )
-from offline.stacks import ROOT
-from tests.harness import job_settings, parse, raw_settings
+from offline.mocks import run_program
+from offline.stacks import ROOT, stack_config
+from tests.harness import container, job_of, job_settings, parse, raw_settings
 from training import config as training_config
 from training.config import build_parser, config_from_namespace
 
@@ -202,3 +203,20 @@ def test_the_training_readme_shows_the_command_the_pod_runs():
     settings = parse(raw_settings("p5"))
     pod = training_command(settings.job, settings.profile, data_dir=f"{SHARED_DIR}/runs/RUN")
     assert shown == pod, f"training/README.md should show:\n{shlex.join(pod)}"
+
+
+def test_the_packages_rules_run_once_per_process_on_each_side(monkeypatch):
+    """Counted at the training package's one validation (``JobConfig.problems``): a whole preview
+    of the p5 stack under mocks runs it once, when the settings read the stack file (the pod's
+    command and the node check's are typed copies of that checked config, not checked again);
+    the pod runs it once, when ``training.finetune`` parses that command."""
+    checked = []
+    problems = training_config.JobConfig.problems
+    monkeypatch.setattr(training_config.JobConfig, "problems",
+                        lambda cfg: checked.append(cfg) or problems(cfg))
+    recording = run_program(stack_config("p5"), "p5-rules-once")
+    assert len(checked) == 1, f"preview ran the package's rules {len(checked)} times"
+    command = container(job_of(recording))["command"]
+    checked.clear()
+    parsed = training_config.parse_args(command[3:])
+    assert checked == [parsed], f"the pod's command line ran the package's rules {len(checked)} times"

@@ -362,9 +362,11 @@ def test_a_bandwidth_floor_not_met_fails_naming_node_rank_and_figure(tmp_path):
     assert failure in proc.stderr
 
 
-def launch_ranks(nodes: list[str], per_node: int, *flags: str, tmp_path: Path) -> list[subprocess.Popen]:
+def launch_ranks(nodes: list[str], per_node: int, *flags: str, tmp_path: Path,
+                 entry: tuple[str, ...] = ("-m", "training.node_check")) -> list[subprocess.Popen]:
     """What torchrun gives the workers of a multi-node job, one process per rank, each node's
-    ranks with that node's NODE_NAME (the pod's downward API value)."""
+    ranks with that node's NODE_NAME (the pod's downward API value); ``entry``: how Python
+    starts the check."""
     port, world = free_port(), len(nodes) * per_node
     procs = []
     for rank in range(world):
@@ -372,7 +374,7 @@ def launch_ranks(nodes: list[str], per_node: int, *flags: str, tmp_path: Path) -
                         LOCAL_WORLD_SIZE=str(per_node), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                         NODE_NAME=nodes[rank // per_node])
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "training.node_check", "--model", "tiny",
+            [sys.executable, *entry, "--model", "tiny",
              "--metrics-file", str(tmp_path / "m.jsonl"), *flags],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return procs
@@ -393,6 +395,33 @@ def test_two_nodes_are_measured_inside_each_node_and_the_slowest_named(tmp_path)
     assert slowest["node"] == min(rows, key=lambda r: r["busbw_gbs"])["node"]
     (failure,) = report["failures"]
     assert failure.startswith(f"{slowest['node']}: all-reduce bus bandwidth inside the node: ")
+
+
+FED_NCCL_LOG = f"""
+import sys
+from training import node_check
+# What NCCL prints where aws-ofi-nccl is not loaded: its connection lines, read by the check's own
+# reader as on a GPU (gloo on the CPU prints none).
+read = node_check.transport_of
+node_check.transport_of = lambda lines, backend, ranks: read([*lines, {SOCKET_LINE!r}], "nccl", ranks)
+sys.exit(node_check.main(sys.argv[1:]))
+"""
+
+
+def test_nccl_over_tcp_between_two_nodes_fails_the_whole_check_where_efa_was_requested(tmp_path):
+    """The standalone check on two nodes (one CPU rank each) whose pods were given an EFA
+    device, fed NCCL's connection line of a socket transport: the check's own path (main,
+    check_job, the report) fails it with the transport named, whatever the bandwidth floor
+    (none here), and says so in the log and the metrics file."""
+    procs = launch_ranks(["node-a", "node-b"], 1, "--node-check-efa", "1", tmp_path=tmp_path,
+                         entry=("-c", FED_NCCL_LOG))
+    outputs = [p.communicate(timeout=180)[0] for p in procs]
+    assert all(p.returncode == 1 for p in procs), outputs
+    report = report_of(tmp_path / "m.jsonl")
+    assert report["nodes"] == 2 and report["transport"]["transport"] == "socket"
+    (failure,) = [f for f in report["failures"] if f.startswith("transport: ")]
+    assert "NCCL used TCP sockets between nodes with 1 EFA device(s) per node" in failure
+    assert "via NET/Socket" in failure and failure in outputs[0]
 
 
 def test_a_failed_check_stops_the_fine_tune_before_training(tmp_path, tiny_cache):

@@ -76,7 +76,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from training.dist import DistEnv
 from training.errors import UserError
-from training.run_record import compare, record_problem
+from training.config import JobConfig
+from training.run_record import compare, data_fingerprint, record_problem, run_record
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -632,6 +633,22 @@ class Checkpointer:
                 shutil.rmtree(path, ignore_errors=True)
         for path in self.root.glob(f".{STEP_PREFIX}*{TMP_SUFFIX}"):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def checkpointer_for(cfg: JobConfig, env: DistEnv, data,
+                     on_files_written: Callable[[int], None] | None) -> Checkpointer | None:
+    """The run's checkpointer, its RUN.json made of ``cfg``, the world size and the packed
+    training rows ``data`` (training/run_record.py); None, with a warning, without
+    --checkpoint-dir."""
+    c = cfg.checkpoint
+    if not c.checkpoint_dir:
+        log.warning("no --checkpoint-dir: a failure loses all progress of this run")
+        return None
+    record = run_record(cfg, env.world_size, data_fingerprint(data.inputs, data.targets))
+    return Checkpointer(c.checkpoint_dir, c.keep_checkpoints, env, async_save=c.async_checkpoint,
+                        timeout_s=cfg.parallel.collective_timeout_s, keep_best=c.keep_best,
+                        every=c.checkpoint_every, run_record=record,
+                        on_files_written=on_files_written)
 
 
 def _first_line(e: BaseException) -> str:

@@ -278,12 +278,16 @@ def run_description(cfg: JobConfig, env: DistEnv, model: nn.Module, parallel: Pa
     }
 
 
-def run(cfg: JobConfig, env: DistEnv, faults: Faults | None = None) -> dict:
-    """The whole job; returns the summary dict (rank 0's is complete). ``faults``: the tests'
+def run(cfg: JobConfig, env: DistEnv, termination: TerminationRequest,
+        faults: Faults | None = None) -> dict:
+    """The whole job; returns the summary dict (rank 0's is complete). ``termination``: the
+    SIGTERM handler, deferred to step boundaries once the loop starts. ``faults``: the tests'
     fault hooks (training/faults.py), None in production."""
     from transformers import AutoTokenizer
 
     records = check_inputs(cfg, env)  # paths, ownership, flags and data: no GPU needed
+    if faults:
+        faults.in_setup()
     node_check = check_job(cfg, env)  # the nodes and the fabric, before the model's download
     model_dir = hub.fetch_model(cfg.model.model, cfg.model.cache_dir, cfg.train.seed, env)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -305,7 +309,7 @@ def run(cfg: JobConfig, env: DistEnv, faults: Faults | None = None) -> dict:
     with ExitStack() as stack:
         out = MetricsLogger(cfg, env, stack, state.step, run_.total)
         out.node_check(node_check, node_name())
-        termination = stack.enter_context(TerminationRequest())
+        termination.defer()  # from the first step on, a SIGTERM stops at a step boundary
         history = _train(cfg, run_, out, description["run/flops_per_token"], env, faults,
                          termination)
         if history is None:  # stopped by a test's fault hook
@@ -374,10 +378,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {memlock}", file=sys.stderr)
         return 1
     set_runtime_defaults(cfg)
-    env = init_distributed(cfg.parallel.collective_timeout_s)
-    setup_logging(env)
+    with TerminationRequest() as termination:  # on every rank before its first collective
+        try:
+            env = init_distributed(cfg.parallel.collective_timeout_s)
+        except Terminated as e:  # during the rendezvous
+            print(f"[rank {os.environ.get('RANK', 0)}] {e}", file=sys.stderr)
+            return TERMINATED_EXIT_CODE
+        return _run_to_status(cfg, env, termination)
+
+
+def _run_to_status(cfg: JobConfig, env: DistEnv, termination: TerminationRequest) -> int:
+    """`run`, and the process's exit status: 0, 1 with one error line, or `EXIT_CODE` after
+    SIGTERM (training/termination.py), also where SIGTERM cut a collective short."""
     try:
-        run(cfg, env, faults.from_environment(env))
+        setup_logging(env)
+        run(cfg, env, termination, faults.from_environment(env))
         return 0
     except Terminated as e:
         if env.is_main:
@@ -394,6 +409,14 @@ def main(argv: list[str] | None = None) -> int:
                  else "")
         print(f"[rank {env.rank}] " + OOM_ADVICE.format(where=where), file=sys.stderr)
         return 1
+    except Exception as e:
+        if not termination.signalled:
+            raise
+        if env.is_local_main:  # a peer stopped first; the signal is the cause, not the error
+            print(f"[rank {env.rank}] stopped on SIGTERM ({type(e).__name__} from a rank that "
+                  "stopped first); a restarted job resumes from the last complete checkpoint",
+                  file=sys.stderr)
+        return TERMINATED_EXIT_CODE
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -448,15 +448,15 @@ def test_two_nodes_are_measured_inside_each_node_and_the_slowest_named(tmp_path)
 
 
 def test_a_failed_check_stops_the_fine_tune_before_training(tmp_path, tiny_cache):
-    """The fine-tune with a node that lacks the EFA devices it was promised: status 1 before
-    any data, model or step, the node, the check and both counts named; the report is in the
-    metrics file."""
+    """The fine-tune with a node that lacks the EFA devices it was promised: status 1 after
+    the checks that need no GPU (the data read) and before the model or any step, the node,
+    the check and both counts named; the report is in the metrics file."""
     run = train(tmp_path, "--node-check-efa", "2", cache=tiny_cache, env={"NODE_NAME": NODE})
     assert run.returncode != 0
     assert f"{NODE}: efa devices: 0 of 2 in /dev/infiniband" in run.output
     assert "node check failed before training" in run.output
     assert steps_of(run.metrics_file) == {}
-    assert "step 1/" not in run.output and "data:" not in run.output
+    assert "data: " in run.output and "model: " not in run.output and "step 1/" not in run.output
     assert report_of(run.metrics_file)["passed"] is False
 
 

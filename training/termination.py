@@ -12,14 +12,13 @@ handles it (before, a rank whose handler was not yet installed died outright and
 failed with a connection reset traceback). During the setup (data, node check, model, resume)
 there is no progress to save: SIGTERM raises `Terminated` at once on the rank that gets it, and
 the worker exits with `EXIT_CODE` and one line. Once the loop starts (`defer`), SIGTERM only
-sets a flag. After every step the ranks agree
-(one tiny all-reduce, after the step's results are read, so it adds no wait) whether any of them
-was asked to stop: a node reclaimed alone stops every rank at the same step. Then the loop
-saves that step's checkpoint (unless it just saved it), completes it, and the process exits with
-`EXIT_CODE` (128 + SIGTERM, as a process killed by it): torchrun, the PyTorchJob's restart
-policy or the next submission starts again from that step. An error on a rank that was sent
-SIGTERM (a peer that stopped first, a collective cut short) ends the same way: the signal is
-the cause, not the error.
+sets a flag. After every step the ranks agree (one tiny all-reduce, after the step's results
+are read, so it adds no wait) whether any of them was asked to stop: a node reclaimed alone
+stops every rank at the same step. Then the loop saves that step's checkpoint (unless it just
+saved it), completes it, and the process exits with `EXIT_CODE` (128 + SIGTERM, as a process
+killed by it): torchrun, the PyTorchJob's restart policy or the next submission starts again
+from that step. An error on a rank that was sent SIGTERM (a peer that stopped first, a
+collective cut short) ends the same way: the signal is the cause, not the error.
 
 torchrun itself re-raises the signal as a traceback and exits 1: training/launch.py is torchrun
 ending with one line and 128 + the signal, what the job's pods run.

@@ -458,8 +458,9 @@ def nccl_debug_path(pattern: str, host: str, pid: int) -> Path:
 
 def nccl_log_defaults(cfg: JobConfig, environ: dict) -> None:
     """The standalone check's NCCL logging, where the user has set none: INFO (its connection
-    lines name the transport) into one file per process (`NCCL_LOG_NAME` in `NCCL_LOG_DIR`,
-    created here: NCCL falls back to stdout when it cannot open the file). A NCCL_DEBUG or
+    lines name the transport) into one file per process (`NCCL_LOG_NAME` in `NCCL_LOG_DIR`
+    beside --metrics-file, or in the temporary directory where that cannot be made; created
+    here: NCCL falls back to stdout when it cannot open the file). A NCCL_DEBUG or
     NCCL_DEBUG_FILE of the user's own stands. A file of an earlier process with this pid (pids
     repeat in containers) is removed, so that `nccl_lines` reads only this process's lines."""
     if "NCCL_DEBUG" in environ:
@@ -467,10 +468,14 @@ def nccl_log_defaults(cfg: JobConfig, environ: dict) -> None:
     environ["NCCL_DEBUG"] = "INFO"
     if "NCCL_DEBUG_FILE" not in environ:
         metrics = cfg.metrics.metrics_file
-        base = (Path(metrics).expanduser().parent if metrics
-                else Path(tempfile.gettempdir()))
-        (base / NCCL_LOG_DIR).mkdir(parents=True, exist_ok=True)
-        environ["NCCL_DEBUG_FILE"] = str((base / NCCL_LOG_DIR / NCCL_LOG_NAME).resolve())
+        directory = Path(tempfile.gettempdir()) / NCCL_LOG_DIR
+        if metrics:
+            with contextlib.suppress(OSError):  # not writable there: the temporary directory
+                (Path(metrics).expanduser().parent / NCCL_LOG_DIR).mkdir(parents=True,
+                                                                          exist_ok=True)
+                directory = Path(metrics).expanduser().parent / NCCL_LOG_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        environ["NCCL_DEBUG_FILE"] = str((directory / NCCL_LOG_NAME).resolve())
         nccl_debug_path(environ["NCCL_DEBUG_FILE"], socket.gethostname(),
                         os.getpid()).unlink(missing_ok=True)
 

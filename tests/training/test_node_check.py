@@ -351,6 +351,19 @@ def test_a_users_own_nccl_debug_setting_stands(tmp_path):
                            else before)
 
 
+def test_nccl_logs_go_to_the_temporary_directory_where_the_metrics_directory_cannot_hold_them(
+        tmp_path, monkeypatch):
+    """Checked against a --metrics-file under a path whose parent is a file (no directory can
+    be made there, also as root): the NCCL log goes to the temporary directory instead of the
+    check failing before it starts."""
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(nc.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    environ: dict = {}
+    nc.nccl_log_defaults(parse_args(["--metrics-file", str(tmp_path / "file" / "m.jsonl")]),
+                         environ)
+    assert Path(environ["NCCL_DEBUG_FILE"]).parent == tmp_path / "tmp" / nc.NCCL_LOG_DIR
+
+
 def test_the_table_names_the_nccl_log(tmp_path):
     """The table's transport line is followed by the file of rank 0's NCCL log, when the
     transport was read from one."""

@@ -193,9 +193,16 @@ def node_check_thresholds(job: JobSettings, profile: HardwareProfile) -> dict[st
     }
 
 
+LAUNCHER = ("python", "-m", "training.launch")
+"""What a worker pod runs: torchrun's own main, ending on SIGTERM with one line and status 143
+instead of a traceback and 1 (training/launch.py); it reads the operator's PET_* as torchrun."""
+
+
 def training_command(job: JobSettings, profile: HardwareProfile, data_dir: str = RUN_DIR,
                      module: str = "training.finetune") -> list[str]:
-    """``torchrun -m training.finetune`` and the package's flags (its CLI contract).
+    """``python -m training.launch -m training.finetune`` (torchrun, ending on SIGTERM with one
+    line and status 143 instead of a traceback and 1: training/launch.py) and the package's
+    flags (its CLI contract).
 
     The flags come from the package's own config (``training.config.to_argv``): the job's
     training settings plus what the stack owns (checkpoint and export directories on the run's
@@ -214,7 +221,7 @@ def training_command(job: JobSettings, profile: HardwareProfile, data_dir: str =
         metrics=replace(t.metrics, metrics_port=METRICS_PORT, metrics_file=f"{data_dir}/metrics.jsonl"),
         node_check=replace(t.node_check, **node_check_thresholds(job, profile)),
     )
-    return ["torchrun", "-m", module, *training_config.to_argv(config)]
+    return [*LAUNCHER, "-m", module, *training_config.to_argv(config)]
 
 
 def _env(job: JobSettings, hf_secret: str | None) -> list[dict]:

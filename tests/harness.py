@@ -21,6 +21,7 @@ from components.settings import (
     training_defaults,
 )
 from components.settings_parser import parse_settings
+from components.training_job import LAUNCHER
 from offline.mocks import run_program
 from offline.recording import Recording, Registration, is_secret_value
 from offline.stacks import DUMMY_SECRETS, STACKS, secure, stack_config
@@ -177,6 +178,13 @@ def container(job: dict) -> dict:
     """The workers' ``pytorch`` container (the name the operator requires)."""
     (c,) = [c for c in worker(job)["template"]["spec"]["containers"] if c["name"] == "pytorch"]
     return c
+
+
+def training_flags(command: list[str]) -> list[str]:
+    """The training package's flags of a worker's command: what follows the launcher and its
+    ``-m <module>``."""
+    assert command[:len(LAUNCHER)] == list(LAUNCHER) and command[len(LAUNCHER)] == "-m", command
+    return command[len(LAUNCHER) + 2:]
 
 
 def parse_flags(args: list[str]) -> dict[str, str | None]:

@@ -12,23 +12,31 @@ Save protocol: every rank writes its shards into the temporary directory (DCP na
 ``--async-checkpoint`` (``dcp.async_save``: the step waits only for the copy to host memory).
 When a rank's files are written it checksums them; once every rank is done (checked with one
 tiny collective per step while a save is pending, and waited for before the next save and at
-the end), the sizes and checksums are gathered to rank 0, which writes MANIFEST.json, then the
-COMPLETE marker (holding the manifest's own checksum), fsyncs, and renames the directory to its
-final name in one atomic rename. A process killed at any point before that rename leaves only a
+the end), the sizes and checksums are gathered to rank 0, which writes RUN.json, then
+MANIFEST.json (the size and CRC32 of every file of the checkpoint, RUN.json included; its
+``unlisted`` key says why the two files it cannot list are not in it), then the COMPLETE marker
+(holding the manifest's own checksum), fsyncs, and renames the directory to its final name in
+one atomic rename. A process killed at any point before that rename leaves only a
 `.tmp` directory, which resume ignores and the next save deletes.
 
 Resume (``Checkpointer.resume``) takes the newest complete checkpoint, compares the run that
-wrote it (its RUN.json) with this one before reading any shard (a changed data order is refused
-there, training/run_record.py), verifies it (every file of the manifest present with its size
-and CRC32; the work is split over the ranks, so each rank reads about 1/world of the checkpoint
-once), and loads it. A checkpoint that fails, whose RUN.json is there but is not a run
-record, or whose DCP load fails without a manifest to vouch for it, is moved aside as
+wrote it (its RUN.json, checked against the manifest first) with this one before reading any
+shard (a changed data order is refused there, training/run_record.py), verifies it (every file
+of the manifest present with its size and CRC32; the work is split over the ranks, so each rank
+reads about 1/world of the checkpoint once), and loads it. A checkpoint that fails, whose RUN.json does not match the manifest or is
+not a run record, or whose DCP load fails without a manifest to vouch for it, is moved aside as
 ``damaged.*`` with a warning naming what is wrong, and the next older complete one is tried:
 a run never starts from step 0 while a sound checkpoint exists. A checkpoint that verifies but
 does not load is not damaged: the model or config differs from the run that wrote it, which is
 the user's to fix (an error, nothing moved); so is a file or directory of the checkpoint this
 process cannot read (permissions, an I/O error: an error naming it on every rank, nothing
 moved). Every decision is taken from collectives, so it is the same on all ranks.
+
+A checkpoint written before RUN.json was listed in the manifest (a manifest that does not list
+it) still resumes: its RUN.json is compared as it is, with a warning that
+nothing vouches for it. Setting such checkpoints aside would restart long runs from step 0 for
+a file that is, in all likelihood, sound; the record's shape is still checked, and its shards
+are verified as before.
 
 Checksum: CRC32 (zlib, in the standard library; 2.8 GiB/s on one core of this repository's CI
 machine against 0.58 GiB/s for SHA-256; it releases the GIL, so hashing in the background
@@ -68,7 +76,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from training.dist import DistEnv
 from training.errors import UserError
-from training.run_record import compare, record_problem
+from training.config import JobConfig
+from training.run_record import compare, data_fingerprint, record_problem, run_record
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -80,6 +89,11 @@ COMPLETE_MARKER = "COMPLETE"
 MANIFEST = "MANIFEST.json"
 RUN_RECORD = "RUN.json"
 """What the run that wrote a checkpoint was started with (training/run_record.py)."""
+UNLISTED = {
+    MANIFEST: f"its own CRC32 is in {COMPLETE_MARKER}",
+    COMPLETE_MARKER: "written after the manifest, as the last file; it holds the manifest's CRC32",
+}
+"""The files of a complete checkpoint its manifest cannot list, and why (written into it)."""
 DCP_METADATA = ".metadata"
 MODEL_KEY, OPTIMIZER_KEY, TRAINER_KEY = "model", "optimizer", "trainer"
 EVAL_LOSS_KEY = "eval_loss"
@@ -436,9 +450,22 @@ class Checkpointer:
 
     def run_record_of(self, path: Path) -> tuple[dict | None, str | None]:
         """(the RUN.json of a checkpoint, None) as rank 0 reads it; (None, None) if it has none
-        (a checkpoint of an older version); (None, what is wrong) if it cannot be read as a
-        run record. The same on every rank."""
+        (a checkpoint of an older version); (None, what is wrong) if the manifest cannot be
+        read, RUN.json does not match its entry there, or it cannot be read as a run record.
+        A RUN.json the manifest does not list (an older version wrote it) is read with a
+        warning. The same on every rank."""
         def read() -> tuple[dict | None, str | None]:
+            manifest, problem = read_manifest(path)
+            if problem is not None:
+                return None, problem
+            if manifest is not None and RUN_RECORD in manifest:
+                problem = check_file(path, RUN_RECORD, manifest[RUN_RECORD])
+                if problem is not None:
+                    return None, problem
+            elif manifest is not None and _is_file(path / RUN_RECORD):
+                log.warning("checkpoint %s: its %s does not list %s (an older version wrote "
+                            "it): the run record is compared unverified", path, MANIFEST,
+                            RUN_RECORD)
             try:
                 record = json.loads((path / RUN_RECORD).read_text())
             except FileNotFoundError:
@@ -571,11 +598,13 @@ class Checkpointer:
         dist.all_gather_object(everyone, mine)
         if self.env.is_main:
             manifest = {name: entry for files in everyone for name, entry in files.items()}
-            on_disk = {f.name for f in p.tmp.iterdir()}
-            assert on_disk == set(manifest), f"unlisted or unwritten files: {on_disk ^ set(manifest)}"
             if self.run_record is not None:
                 _write_synced(p.tmp / RUN_RECORD, json.dumps(self.run_record, indent=1))
-            raw = json.dumps({"step": p.step, "files": manifest}, indent=1, sort_keys=True)
+                manifest.update(manifest_entries([p.tmp / RUN_RECORD]))
+            on_disk = {f.name for f in p.tmp.iterdir()}
+            assert on_disk == set(manifest), f"unlisted or unwritten files: {on_disk ^ set(manifest)}"
+            raw = json.dumps({"step": p.step, "files": manifest, "unlisted": UNLISTED}, indent=1,
+                             sort_keys=True)
             _write_synced(p.tmp / MANIFEST, raw)
             _write_synced(p.tmp / COMPLETE_MARKER, json.dumps(
                 {"step": p.step, "world_size": self.env.world_size, "unix_time": time.time(),
@@ -604,6 +633,22 @@ class Checkpointer:
                 shutil.rmtree(path, ignore_errors=True)
         for path in self.root.glob(f".{STEP_PREFIX}*{TMP_SUFFIX}"):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def checkpointer_for(cfg: JobConfig, env: DistEnv, data,
+                     on_files_written: Callable[[int], None] | None) -> Checkpointer | None:
+    """The run's checkpointer, its RUN.json made of ``cfg``, the world size and the packed
+    training rows ``data`` (training/run_record.py); None, with a warning, without
+    --checkpoint-dir."""
+    c = cfg.checkpoint
+    if not c.checkpoint_dir:
+        log.warning("no --checkpoint-dir: a failure loses all progress of this run")
+        return None
+    record = run_record(cfg, env.world_size, data_fingerprint(data.inputs, data.targets))
+    return Checkpointer(c.checkpoint_dir, c.keep_checkpoints, env, async_save=c.async_checkpoint,
+                        timeout_s=cfg.parallel.collective_timeout_s, keep_best=c.keep_best,
+                        every=c.checkpoint_every, run_record=record,
+                        on_files_written=on_files_written)
 
 
 def _first_line(e: BaseException) -> str:

@@ -58,7 +58,8 @@ from pathlib import Path
 import torch
 
 from training import hub
-from training.config import DataConfig
+from training.config import DataConfig, JobConfig
+from training.dist import DistEnv
 from training.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -633,6 +634,48 @@ def prepare(cfg: DataConfig, cache_dir: str | None) -> Records:
 def pack_records(examples: list, tokenizer, cfg: DataConfig, chat: bool) -> PackedData:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return pack(tokenize(examples, tokenizer, cfg.mask_prompt, chat), cfg.seq_len, pad)
+
+
+def load_records(cfg: JobConfig, env: DistEnv) -> Records:
+    """Load, split and check every record, before the model is fetched: a bad record or file
+    fails the run in seconds, with the same message on every rank."""
+    loaded: dict[str, Records] = {}
+
+    def load() -> str:
+        loaded["records"] = prepare(cfg.data, cfg.model.cache_dir)
+        return ""
+
+    hub.on_node_leader_first(env, load)  # one process per node fills the datasets cache first
+    records = loaded.get("records") or prepare(cfg.data, cfg.model.cache_dir)
+    log.info("data: %s format, %d training and %d validation records (validation: %s)",
+             records.fmt, len(records.train), len(records.val), records.val_source)
+    return records
+
+
+def pack_training_data(cfg: JobConfig, records: Records, tokenizer,
+                       env: DistEnv) -> tuple[PackedData, PackedData | None, StepSampler]:
+    """Tokenize and pack the training and validation examples; the order of the training
+    rows."""
+    chat = records.fmt == "chat"
+    data = pack_records(records.train, tokenizer, cfg.data, chat)
+    if not len(data):
+        raise UserError(f"--dataset: no training example keeps a trained token within --seq-len "
+                        f"{cfg.data.seq_len} ({json.dumps(data.stats)}); raise --seq-len")
+    log.info("training data: %s", json.dumps(data.stats))
+    if data.stats["examples_truncated"]:
+        log.warning("%d of %d training examples are longer than --seq-len %d and lose their "
+                    "end (%d tokens)", data.stats["examples_truncated"], data.stats["examples"],
+                    cfg.data.seq_len, data.stats["tokens_cropped"])
+    val = pack_records(records.val, tokenizer, cfg.data, chat) if records.val else None
+    if val is not None:
+        log.info("validation data: %s", json.dumps(val.stats))
+    if val is not None and not len(val):
+        log.warning("no validation example keeps a trained token within --seq-len: no "
+                    "evaluation")
+        val = None
+    sampler = StepSampler(len(data), env.world_size, env.rank, cfg.train.batch_size,
+                          cfg.train.grad_accum, cfg.train.seed)
+    return data, val, sampler
 
 
 class StepSampler:

@@ -8,7 +8,7 @@ tokenizer) loads with `AutoModelForCausalLM.from_pretrained`. Rank 0 writes into
 directory and renames it into place, so a crash never leaves a half-written export at
 --output-dir. The previous content of --output-dir is deleted then, so the run refuses at its
 start a directory that is not a previous export (`replace_problem`) or that holds its
-checkpoints or metrics file (finetune._check_paths).
+checkpoints or metrics file (preflight.check_paths).
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """Fault injection for the tests, behind one seam: `from_environment()` is None unless a
-``FSDP_EKS_TEST_*`` variable is set, and the job then passes the result to the two places that
-take hooks (the loop's step end, the checkpointer's files-written point). A production run
+``FSDP_EKS_TEST_*`` variable is set, and the job then passes the result to the three places that
+take hooks (a point in the setup, the loop's step end, the checkpointer's files-written point). A production run
 builds no `Faults` and runs no hook code.
 
 - ``FSDP_EKS_TEST_STEP_DELAY_S``: sleep this many seconds after every step, so a test can act
   mid-run.
+- ``FSDP_EKS_TEST_SETUP_PAUSE_S``: every rank sleeps this many seconds in the setup, after the
+  checks that need no GPU (collectives among them), saying so first, so a test can act there.
 - ``FSDP_EKS_TEST_EXIT_AFTER_STEP``: stop cleanly (status 0) right after this step and its
   checkpoint, like a job that was stopped; no final checkpoint or export.
 - ``FSDP_EKS_TEST_KILL_IN_SAVE_AT_STEP``: on the first attempt (TORCHELASTIC_RESTART_COUNT=0),
@@ -25,6 +27,7 @@ from training.dist import DistEnv
 log = logging.getLogger(__name__)
 
 STEP_DELAY_ENV = "FSDP_EKS_TEST_STEP_DELAY_S"
+SETUP_PAUSE_ENV = "FSDP_EKS_TEST_SETUP_PAUSE_S"
 EXIT_AFTER_STEP_ENV = "FSDP_EKS_TEST_EXIT_AFTER_STEP"
 KILL_IN_SAVE_ENV = "FSDP_EKS_TEST_KILL_IN_SAVE_AT_STEP"
 
@@ -35,8 +38,16 @@ class Faults:
 
     env: DistEnv
     step_delay_s: float = 0.0
+    setup_pause_s: float = 0.0
     exit_after_step: int = 0
     kill_in_save_at_step: int = 0
+
+    def in_setup(self) -> None:
+        """In the setup, after the checks that need no GPU: pause, saying so on every rank."""
+        if self.setup_pause_s:
+            log.warning("test hook %s: rank %d pauses %g s in the setup", SETUP_PAUSE_ENV,
+                        self.env.rank, self.setup_pause_s)
+            time.sleep(self.setup_pause_s)
 
     def stop_after(self, step: int) -> bool:
         """At the end of ``step``: sleep the delay; True where the run is to stop here."""
@@ -59,9 +70,10 @@ class Faults:
 
 def from_environment(env: DistEnv) -> Faults | None:
     """The faults the environment asks for; None (no hooks at all) when it asks for none."""
-    if not any(os.environ.get(name) for name in (STEP_DELAY_ENV, EXIT_AFTER_STEP_ENV,
-                                                 KILL_IN_SAVE_ENV)):
+    if not any(os.environ.get(name) for name in (STEP_DELAY_ENV, SETUP_PAUSE_ENV,
+                                                 EXIT_AFTER_STEP_ENV, KILL_IN_SAVE_ENV)):
         return None
     return Faults(env, step_delay_s=float(os.environ.get(STEP_DELAY_ENV) or 0),
+                  setup_pause_s=float(os.environ.get(SETUP_PAUSE_ENV) or 0),
                   exit_after_step=int(os.environ.get(EXIT_AFTER_STEP_ENV) or 0),
                   kill_in_save_at_step=int(os.environ.get(KILL_IN_SAVE_ENV) or 0))

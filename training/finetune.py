@@ -1,23 +1,23 @@
 """Fine-tune a Llama-family model with FSDP2: `torchrun ... -m training.finetune --help`.
 
-Setup is a list of `build_*` steps (the public ones serve `training.bench` too); `train_step` is
-the whole optimization step; `run` is the job as a list of steps: build, resume, the loop
-(`_train`: step; evaluate and checkpoint when the evaluator and the checkpointer say they are
-due; report through the one metrics logger), export, summary. The tests' fault hooks come in
-through `run`'s ``faults`` argument only (training/faults.py).
+`run` is the job in its order: the checks that need no GPU (training/preflight.py: paths,
+ownership, flags, every record of the data), the node check, the model's download, the data
+packed, the model built, resume, the loop (`_train`: step; evaluate and checkpoint when the
+evaluator and the checkpointer say they are due; report through the one metrics logger),
+export, summary. Each setup step lives with the module that owns it; the ones here build the
+model (`build_model`, `parallelize_model`: `training.bench` uses them too). `train_step` is the
+whole optimization step. The tests' fault hooks come in through `run`'s ``faults`` argument
+only (training/faults.py).
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import math
 import os
 import sys
-import tempfile
 import time
-from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,21 +30,14 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from training import faults, hub
 from training.attention import check_no_attention_dropout, use_document_mask
-from training.checkpoint import EVAL_LOSS_KEY, Checkpointer, TrainerState
-from training.config import JobConfig, flag, parse_args
-from training.dataset import (
-    IGNORE_INDEX,
-    PackedData,
-    Records,
-    StepSampler,
-    pack_records,
-    prepare,
-)
+from training.checkpoint import EVAL_LOSS_KEY, Checkpointer, TrainerState, checkpointer_for
+from training.config import JobConfig, parse_args
+from training.dataset import IGNORE_INDEX, PackedData, StepSampler, pack_training_data
 from training.dist import (DistEnv, all_sum, batch_to_device, check_locked_memory,
                            init_distributed)
 from training.errors import OOM_ADVICE, UserError
 from training.evaluation import Evaluator
-from training.export import export_hf, replace_problem
+from training.export import export_hf
 from training.faults import Faults
 from training.logs import setup_logging
 from training.loss import install_loss_forward
@@ -55,21 +48,13 @@ from training.metrics import (
     peak_flops,
     step_metrics,
 )
-from training.model import allocate, build_meta_model, load_weights, set_sdpa_backend
+from training.model import (allocate, build_meta_model, load_weights, set_sdpa_backend,
+                            warn_beyond_context)
 from training.node_check import check_job, node_name
 from training.optim import build_optimizer, build_scheduler, set_horizon
-from training.owner import DirectoryOwner
-from training.parallel import (
-    DTYPES,
-    Parallelism,
-    build_mesh,
-    check_precision,
-    compute_dtype,
-    parallelize,
-)
-from training.prometheus import check_port
+from training.parallel import DTYPES, Parallelism, build_mesh, compute_dtype, parallelize
+from training.preflight import check_inputs
 from training.reporting import MetricsLogger
-from training.run_record import data_fingerprint, run_record
 from training.termination import EXIT_CODE as TERMINATED_EXIT_CODE
 from training.termination import Terminated, TerminationRequest
 
@@ -77,163 +62,6 @@ log = logging.getLogger("training")
 
 
 # ----------------------------------------------------------------------------- setup steps
-def _file_in_the_way(paths: Sequence[Path]) -> Path | None:
-    """The first of ``paths`` that exists and is not a directory (so nothing can be created
-    inside it), or None."""
-    return next((p for p in paths if p.exists() and not p.is_dir()), None)
-
-
-def _unwritable(directory: Path) -> str | None:
-    """Why this process cannot create a file in ``directory`` (or, where it does not exist
-    yet, in its nearest existing parent, where it will be created), or None: a real probe file
-    created and removed, since permission bits, read-only mounts and quotas all show only then."""
-    base = next(p for p in (directory, *directory.parents) if p.exists())
-    try:
-        with tempfile.NamedTemporaryFile(dir=base, prefix=".write-probe-"):
-            pass
-    except OSError as e:
-        return f"this process (uid {os.geteuid()}) cannot create files in {base} ({e.strerror})"
-    return None
-
-
-def _unappendable(path: Path) -> str | None:
-    """Why this process cannot append to the existing file ``path`` (a metrics file a
-    previous run of another user wrote, or made read-only), or None; opened for appending and
-    closed, which changes nothing."""
-    if not path.is_file():
-        return None
-    try:
-        with path.open("a"):
-            pass
-    except OSError as e:
-        return f"this process (uid {os.geteuid()}) cannot append to it ({e.strerror})"
-    return None
-
-
-def _check_paths(cfg: JobConfig) -> None:
-    """Refuse output paths that cannot be used, before any data is read or model built: an
-    existing file (or a file among the parents) where a directory must go (also --cache-dir),
-    a directory where the metrics file must go, a directory this process cannot write in, a
-    metrics file it cannot append to, what the export would delete (`_check_export_target`),
-    and --keep-best without checkpoints to choose from."""
-    c = cfg.checkpoint
-    for name, value in (("checkpoint_dir", c.checkpoint_dir), ("output_dir", c.output_dir),
-                        ("cache_dir", cfg.model.cache_dir)):
-        if value is None:
-            continue
-        path = Path(value).expanduser()
-        blocking = _file_in_the_way([path, *path.parents])
-        if blocking is not None:
-            what = "" if blocking == path else f": {blocking} is a file"
-            raise UserError(f"{flag(name)} {value}: exists and is not a directory{what}; give "
-                            "a directory path (it is created if missing)")
-        if name == "cache_dir":  # a read-only cache filled beforehand serves an offline run;
-            continue  # what cannot be written into it is named where it is written (hub)
-        # Every rank writes its checkpoint shards into the directory; the export is written
-        # beside --output-dir and renamed into place.
-        why = _unwritable(path if name == "checkpoint_dir" else path.parent)
-        if why is not None:
-            raise UserError(f"{flag(name)} {value}: {why}; give a directory the job's user can "
-                            "write (e.g. on the shared /fsx volume) or make this one writable")
-    metrics = cfg.metrics.metrics_file
-    _check_export_target(c.output_dir, {"--checkpoint-dir": c.checkpoint_dir,
-                                        "--metrics-file": metrics})
-    if metrics is not None and Path(metrics).expanduser().is_dir():
-        raise UserError(f"--metrics-file {metrics}: is a directory; give a file path")
-    blocking = None if metrics is None else _file_in_the_way(Path(metrics).expanduser().parents)
-    if blocking is not None:
-        raise UserError(f"--metrics-file {metrics}: {blocking} is a file, not a directory; give "
-                        "a file path whose directories can be created")
-    why = None if metrics is None else (_unwritable(Path(metrics).expanduser().parent)
-                                        or _unappendable(Path(metrics).expanduser()))
-    if why is not None:
-        raise UserError(f"--metrics-file {metrics}: {why}; give a file path the job's user can "
-                        "write")
-    if c.keep_best and c.checkpoint_dir is None:
-        raise UserError("--keep-best: needs --checkpoint-dir (the best checkpoint is kept there "
-                        "and exported at the end)")
-
-
-def _check_export_target(output_dir: str | None, others: dict[str, str | None]) -> None:
-    """The export replaces --output-dir as a whole (renamed aside, then deleted): refuse one
-    that holds the checkpoints or the metrics file, or anything but a previous export."""
-    if output_dir is None:
-        return
-    out = Path(output_dir).expanduser().resolve()
-    for name, value in others.items():
-        inner = None if value is None else Path(value).expanduser().resolve()
-        if inner is not None and (inner == out or out in inner.parents):
-            raise UserError(f"{name} {value}: is inside --output-dir {output_dir}, which the "
-                            "export replaces as a whole, deleting it; put it beside the output "
-                            f"directory (e.g. {out.parent / inner.name})")
-    problem = replace_problem(out)
-    if problem is not None:
-        raise UserError(f"--output-dir {output_dir}: {problem}; the export replaces the "
-                        "directory as a whole, deleting what it holds: give a new or empty "
-                        "directory, or a previous export")
-
-
-def _own_checkpoint_dir(cfg: JobConfig, env: DistEnv) -> None:
-    """Take the --checkpoint-dir for this run (training/owner.py), on rank 0, before anything
-    is read; every rank raises the same refusal. Released when the process exits, after a
-    finished or a failed run (a killed run's claim lapses by the module's rules)."""
-    if cfg.checkpoint.checkpoint_dir is None:
-        return
-    refusal: list = [None]
-    if env.is_main:
-        owner = DirectoryOwner(Path(cfg.checkpoint.checkpoint_dir).expanduser())
-        try:
-            owner.take()
-            atexit.register(owner.release)
-        except UserError as e:
-            refusal[0] = str(e)
-    dist.broadcast_object_list(refusal, src=0)
-    if refusal[0] is not None:
-        raise UserError(refusal[0])
-
-
-def _build_records(cfg: JobConfig, env: DistEnv) -> Records:
-    """Load, split and check every record, before the model is fetched: a bad record or file
-    fails the run in seconds, with the same message on every rank."""
-    loaded: dict[str, Records] = {}
-
-    def load() -> str:
-        loaded["records"] = prepare(cfg.data, cfg.model.cache_dir)
-        return ""
-
-    hub.on_node_leader_first(env, load)  # one process per node fills the datasets cache first
-    records = loaded.get("records") or prepare(cfg.data, cfg.model.cache_dir)
-    log.info("data: %s format, %d training and %d validation records (validation: %s)",
-             records.fmt, len(records.train), len(records.val), records.val_source)
-    return records
-
-
-def _build_data(cfg: JobConfig, records: Records, tokenizer,
-                env: DistEnv) -> tuple[PackedData, PackedData | None, StepSampler]:
-    """Tokenize and pack the training and validation examples; the order of the training
-    rows."""
-    chat = records.fmt == "chat"
-    data = pack_records(records.train, tokenizer, cfg.data, chat)
-    if not len(data):
-        raise UserError(f"--dataset: no training example keeps a trained token within --seq-len "
-                        f"{cfg.data.seq_len} ({json.dumps(data.stats)}); raise --seq-len")
-    log.info("training data: %s", json.dumps(data.stats))
-    if data.stats["examples_truncated"]:
-        log.warning("%d of %d training examples are longer than --seq-len %d and lose their "
-                    "end (%d tokens)", data.stats["examples_truncated"], data.stats["examples"],
-                    cfg.data.seq_len, data.stats["tokens_cropped"])
-    val = pack_records(records.val, tokenizer, cfg.data, chat) if records.val else None
-    if val is not None:
-        log.info("validation data: %s", json.dumps(val.stats))
-    if val is not None and not len(val):
-        log.warning("no validation example keeps a trained token within --seq-len: no "
-                    "evaluation")
-        val = None
-    sampler = StepSampler(len(data), env.world_size, env.rank, cfg.train.batch_size,
-                          cfg.train.grad_accum, cfg.train.seed)
-    return data, val, sampler
-
-
 def parallelize_model(cfg: JobConfig, model: nn.Module, env: DistEnv,
                       fsdp_at_world_1: bool = False) -> tuple[DeviceMesh, Parallelism]:
     """A meta-device model -> attention backend, loss forward, AC, compile, fully_shard (local
@@ -253,25 +81,11 @@ def parallelize_model(cfg: JobConfig, model: nn.Module, env: DistEnv,
     return mesh, parallel
 
 
-def _warn_beyond_context(seq_len: int, config) -> None:
-    """A --seq-len beyond the positions the model was trained at (config.json's
-    max_position_embeddings) without RoPE scaling in its config: it trains, but the positions
-    beyond are untrained (preview says the same from training/shapes.py's table)."""
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    trained = getattr(config, "max_position_embeddings", None)
-    if trained and seq_len > trained and rope.get("rope_type", "default") == "default":
-        log.warning("--seq-len %d: the model was trained at %d positions and its config.json "
-                    "sets no RoPE scaling, so positions beyond %d are untrained and quality "
-                    "drops; this package has no RoPE-scaling option: use --seq-len %d or less, "
-                    "or a model whose config.json sets rope_scaling", seq_len, trained, trained,
-                    trained)
-
-
 def build_model(cfg: JobConfig, model_dir: Path, env: DistEnv) -> tuple[nn.Module, Parallelism]:
     """The model of `model_dir`, ready to train: meta-device model -> `parallelize_model` ->
     load weights; and what `parallelize` did to it."""
     model = build_meta_model(model_dir)
-    _warn_beyond_context(cfg.data.seq_len, model.config)
+    warn_beyond_context(cfg.data.seq_len, model.config)
     mesh, parallel = parallelize_model(cfg, model, env)
     started = time.perf_counter()
     read = all_sum(load_weights(model, model_dir), env.device)
@@ -318,19 +132,6 @@ def train_step(model: nn.Module, parallel: Parallelism, optimizer: torch.optim.O
 
 
 # ----------------------------------------------------------------------------- resume
-def _build_checkpointer(cfg: JobConfig, env: DistEnv, data: PackedData,
-                        faults: Faults | None) -> Checkpointer | None:
-    c = cfg.checkpoint
-    if not c.checkpoint_dir:
-        log.warning("no --checkpoint-dir: a failure loses all progress of this run")
-        return None
-    record = run_record(cfg, env.world_size, data_fingerprint(data.inputs, data.targets))
-    return Checkpointer(c.checkpoint_dir, c.keep_checkpoints, env, async_save=c.async_checkpoint,
-                        timeout_s=cfg.parallel.collective_timeout_s, keep_best=c.keep_best,
-                        every=c.checkpoint_every, run_record=record,
-                        on_files_written=faults.files_written if faults else None)
-
-
 def _resume(ckpt: Checkpointer | None, model: nn.Module, optimizer: torch.optim.Optimizer,
             state: TrainerState) -> None:
     """Load the latest complete checkpoint, if there is one, once the checkpointer has
@@ -477,28 +278,27 @@ def run_description(cfg: JobConfig, env: DistEnv, model: nn.Module, parallel: Pa
     }
 
 
-def run(cfg: JobConfig, env: DistEnv, faults: Faults | None = None) -> dict:
-    """The whole job; returns the summary dict (rank 0's is complete). ``faults``: the tests'
+def run(cfg: JobConfig, env: DistEnv, termination: TerminationRequest,
+        faults: Faults | None = None) -> dict:
+    """The whole job; returns the summary dict (rank 0's is complete). ``termination``: the
+    SIGTERM handler, deferred to step boundaries once the loop starts. ``faults``: the tests'
     fault hooks (training/faults.py), None in production."""
     from transformers import AutoTokenizer
 
-    _check_paths(cfg)
-    if cfg.metrics.metrics_port:  # served by each node's local rank 0 from the first step on
-        hub.on_node_leader_first(env, lambda: check_port(cfg.metrics.metrics_port))
-    _own_checkpoint_dir(cfg, env)  # before the node check writes its probe into it
-    node_check = check_job(cfg, env)  # the nodes and the fabric, before any download
-    check_precision(cfg.model.precision, env.device)
-    records = _build_records(cfg, env)
+    records = check_inputs(cfg, env)  # paths, ownership, flags and data: no GPU needed
+    if faults:
+        faults.in_setup()
+    node_check = check_job(cfg, env)  # the nodes and the fabric, before the model's download
     model_dir = hub.fetch_model(cfg.model.model, cfg.model.cache_dir, cfg.train.seed, env)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    data, val, sampler = _build_data(cfg, records, tokenizer, env)
+    data, val, sampler = pack_training_data(cfg, records, tokenizer, env)
     model, parallel = build_model(cfg, model_dir, env)
     optimizer = build_optimizer(model, cfg.optim, env.device, compiled=cfg.parallel.compile,
                                 local=parallel.local)
     scheduler = build_scheduler(optimizer, cfg.optim, total=1)  # the horizon is set after resume
     state = TrainerState(scheduler)
     torch.manual_seed(cfg.train.seed)  # identical RNG on every rank from here on
-    ckpt = _build_checkpointer(cfg, env, data, faults)
+    ckpt = checkpointer_for(cfg, env, data, faults.files_written if faults else None)
     _resume(ckpt, model, optimizer, state)
     total = _set_horizon(cfg, sampler, state, scheduler)
     evaluator = Evaluator(val, cfg.train.batch_size, cfg.train.eval_every, sampler, env)
@@ -509,7 +309,7 @@ def run(cfg: JobConfig, env: DistEnv, faults: Faults | None = None) -> dict:
     with ExitStack() as stack:
         out = MetricsLogger(cfg, env, stack, state.step, run_.total)
         out.node_check(node_check, node_name())
-        termination = stack.enter_context(TerminationRequest())
+        termination.defer()  # from the first step on, a SIGTERM stops at a step boundary
         history = _train(cfg, run_, out, description["run/flops_per_token"], env, faults,
                          termination)
         if history is None:  # stopped by a test's fault hook
@@ -578,10 +378,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {memlock}", file=sys.stderr)
         return 1
     set_runtime_defaults(cfg)
-    env = init_distributed(cfg.parallel.collective_timeout_s)
-    setup_logging(env)
+    with TerminationRequest() as termination:  # on every rank before its first collective
+        try:
+            env = init_distributed(cfg.parallel.collective_timeout_s)
+        except Terminated as e:  # during the rendezvous
+            print(f"[rank {os.environ.get('RANK', 0)}] {e}", file=sys.stderr)
+            return TERMINATED_EXIT_CODE
+        return _run_to_status(cfg, env, termination)
+
+
+def _run_to_status(cfg: JobConfig, env: DistEnv, termination: TerminationRequest) -> int:
+    """`run`, and the process's exit status: 0, 1 with one error line, or `EXIT_CODE` after
+    SIGTERM (training/termination.py), also where SIGTERM cut a collective short."""
     try:
-        run(cfg, env, faults.from_environment(env))
+        setup_logging(env)
+        run(cfg, env, termination, faults.from_environment(env))
         return 0
     except Terminated as e:
         if env.is_main:
@@ -598,6 +409,14 @@ def main(argv: list[str] | None = None) -> int:
                  else "")
         print(f"[rank {env.rank}] " + OOM_ADVICE.format(where=where), file=sys.stderr)
         return 1
+    except Exception as e:
+        if not termination.signalled:
+            raise
+        if env.is_local_main:  # a peer stopped first; the signal is the cause, not the error
+            print(f"[rank {env.rank}] stopped on SIGTERM ({type(e).__name__} from a rank that "
+                  "stopped first); a restarted job resumes from the last complete checkpoint",
+                  file=sys.stderr)
+        return TERMINATED_EXIT_CODE
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -126,6 +126,13 @@ def _downloaded(name: str, cache_dir: str | None) -> str:
     return _checked(path, name, f"delete {path.parents[1]} so that it is downloaded again")
 
 
+def check_model_name(name: str) -> None:
+    """A --model given as a local directory that is not there, or has no config.json: refused
+    before the node check (a Hub id or the tiny preset is checked where it is fetched)."""
+    if name != TINY_MODEL:
+        _local_model_dir(name)
+
+
 def fetch_model(name: str, cache_dir: str | None, seed: int, env: DistEnv) -> Path:
     """Return a local directory with the model's config, safetensors and tokenizer, its files
     checked by each node's first process (a damaged copy is one error on every rank, before

@@ -258,3 +258,17 @@ def _tied_keys(model: nn.Module) -> set[str]:
         else:
             seen[id(p)] = name
     return tied
+
+
+def warn_beyond_context(seq_len: int, config) -> None:
+    """A --seq-len beyond the positions the model was trained at (config.json's
+    max_position_embeddings) without RoPE scaling in its config: it trains, but the positions
+    beyond are untrained (preview says the same from training/shapes.py's table)."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    trained = getattr(config, "max_position_embeddings", None)
+    if trained and seq_len > trained and rope.get("rope_type", "default") == "default":
+        log.warning("--seq-len %d: the model was trained at %d positions and its config.json "
+                    "sets no RoPE scaling, so positions beyond %d are untrained and quality "
+                    "drops; this package has no RoPE-scaling option: use --seq-len %d or less, "
+                    "or a model whose config.json sets rope_scaling", seq_len, trained, trained,
+                    trained)

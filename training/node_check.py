@@ -11,9 +11,12 @@ chosen model (one decoder layer, and the root unit: embedding and output head), 
 per size as nccl-tests defines it, the transport NCCL used for its connections, and per node the
 same all-reduce inside the node, so the slowest node is named.
 
-Runs first in ``training.finetune`` (``--node-check``, on by default) and on its own with the
-same flags: ``torchrun ... -m training.node_check <the job's flags>``, which prints the table
-and writes the report to ``--metrics-file``. The probed paths are arguments (``Probe``) so tests
+Runs in ``training.finetune`` after the checks that need no GPU (training/preflight.py), before
+the model's download (``--node-check``, on by default), and on its own with the same flags:
+``torchrun ... -m training.node_check <the job's flags>``, which prints the table and writes the
+report to ``--metrics-file``. On its own it reads the transport from NCCL's INFO lines, which
+NCCL then writes to a file per rank (``NCCL_DEBUG_FILE``, `nccl_log_defaults`), not to the
+terminal: a few hundred lines per rank would bury the table, which names the file. The probed paths are arguments (``Probe``) so tests
 point them at directories they make.
 """
 
@@ -61,6 +64,11 @@ WARMUP_ITERATIONS = 2
 TIMED_ITERATIONS = 5
 FI_INFO_PATHS = ("/opt/amazon/efa/bin",)
 """Where the EFA installer puts ``fi_info`` when it is not on PATH."""
+NCCL_LOG_NAME = "nccl.%h.%p.log"
+"""The standalone check's NCCL log per process: NCCL replaces %h with the host name (up to its
+first dot) and %p with the pid (``NCCL_DEBUG_FILE``, NVIDIA/nccl src/debug.cc)."""
+NCCL_LOG_DIR = "nccl-logs"
+"""Where those logs go: beside --metrics-file, else in the system's temporary directory."""
 NCCL_CONNECTION = re.compile(r"via (NET/[^/\s]+(?: [^/\s]+)*|P2P|SHM|NVLS|CollNet)")
 """NCCL_DEBUG=INFO's connection lines: ``Channel 00/0 : 1[1] -> 8[0] [send] via NET/AWS
 Libfabric/0/GDRDMA``, ``... via P2P/IPC``, ``... via NET/Socket/0``."""
@@ -439,6 +447,62 @@ def captured_stdout() -> Iterator[list[str]]:
             lines += text.splitlines()
 
 
+def nccl_debug_path(pattern: str, host: str, pid: int) -> Path:
+    """The file NCCL writes for ``NCCL_DEBUG_FILE=pattern``, expanded as NCCL does
+    (src/debug.cc): %h the host name up to its first dot, with '%' and '/' made '-'; %p the
+    pid; %% a '%'; any other %x kept."""
+    short = host.split(".")[0].replace("%", "-").replace("/", "-")
+    return Path(re.sub(r"%(.)", lambda m: {"h": short, "p": str(pid), "%": "%"}.get(
+        m.group(1), m.group(0)), pattern))
+
+
+def nccl_log_defaults(cfg: JobConfig, environ: dict) -> None:
+    """The standalone check's NCCL logging, where the user has set none: INFO (its connection
+    lines name the transport) into one file per process (`NCCL_LOG_NAME` in `NCCL_LOG_DIR`
+    beside --metrics-file, or in the temporary directory where that cannot be made; created
+    here: NCCL falls back to stdout when it cannot open the file). A NCCL_DEBUG or
+    NCCL_DEBUG_FILE of the user's own stands. A file of an earlier process with this pid (pids
+    repeat in containers) is removed, so that `nccl_lines` reads only this process's lines."""
+    if "NCCL_DEBUG" in environ:
+        return
+    environ["NCCL_DEBUG"] = "INFO"
+    if "NCCL_DEBUG_FILE" not in environ:
+        metrics = cfg.metrics.metrics_file
+        directory = Path(tempfile.gettempdir()) / NCCL_LOG_DIR
+        if metrics:
+            with contextlib.suppress(OSError):  # not writable there: the temporary directory
+                (Path(metrics).expanduser().parent / NCCL_LOG_DIR).mkdir(parents=True,
+                                                                          exist_ok=True)
+                directory = Path(metrics).expanduser().parent / NCCL_LOG_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        environ["NCCL_DEBUG_FILE"] = str((directory / NCCL_LOG_NAME).resolve())
+        nccl_debug_path(environ["NCCL_DEBUG_FILE"], socket.gethostname(),
+                        os.getpid()).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def nccl_lines() -> Iterator[tuple[list[str], Path | None]]:
+    """(NCCL's lines written by this process meanwhile, the file they were read from): from
+    its ``NCCL_DEBUG_FILE`` where one is set (the lines written before are skipped; NCCL's file
+    is line-buffered), else captured from stdout and copied back there (`captured_stdout`)."""
+    pattern = os.environ.get("NCCL_DEBUG_FILE")
+    if not pattern:
+        with captured_stdout() as lines:
+            yield lines, None
+        return
+    path = nccl_debug_path(pattern, socket.gethostname(), os.getpid())
+    start = path.stat().st_size if path.is_file() else 0
+    lines: list[str] = []
+    try:
+        yield lines, path
+    finally:
+        ctypes.CDLL(None).fflush(None)
+        if path.is_file():
+            with path.open("rb") as f:
+                f.seek(start)
+                lines += f.read().decode(errors="replace").splitlines()
+
+
 def transport_of(lines: list[str], backend: str, ranks: int) -> dict:
     """The transport NCCL used, from its own connection lines (``... via NET/Libfabric``,
     ``NET/AWS Libfabric`` in older aws-ofi-nccl releases: EFA; ``via NET/Socket``: TCP sockets; ``via P2P`` / ``SHM`` / ``NVLS``: inside the node)."""
@@ -586,9 +650,12 @@ def _check(cfg: JobConfig, env: DistEnv, probe: Probe,
     sizes = fsdp_sizes(shape, 2 if cuda else 4)
     backend = "nccl" if cuda else "gloo"
     fabric = new_group()
-    with captured_stdout() if backend == "nccl" else contextlib.nullcontext([]) as lines:
+    with nccl_lines() if backend == "nccl" else contextlib.nullcontext(([], None)) as (lines,
+                                                                                    nccl_log):
         mine = measure(fabric, env.device, sizes)
     transport = transport_of(lines, backend, env.world_size)
+    if nccl_log is not None:
+        transport["log"] = str(nccl_log)
     per_rank: list = [None] * env.world_size
     dist.all_gather_object(per_rank, mine, group=objects)
     bandwidth, slowest_rank = _bandwidth_rows(per_rank, env.world_size,
@@ -688,6 +755,9 @@ def format_table(report: Report) -> str:
                 f"{r['slowest_rank']} ({r.get('node', r['slowest_node'])})" for r in rows]
     t = report.transport
     out.append(f"  transport: {t['transport']} ({t['how']})")
+    if "log" in t:
+        out.append(f"  NCCL's log: {t['log']} (rank 0; every rank writes its own, as "
+                   "NCCL_DEBUG_FILE names it)")
     out += [f"  FAILED {f}" for f in report.failures]
     return "\n".join(out)
 
@@ -698,7 +768,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
     # The standalone command always checks, whatever --node-check says.
     cfg = dataclasses.replace(cfg, node_check=dataclasses.replace(cfg.node_check, node_check=True))
-    os.environ.setdefault("NCCL_DEBUG", "INFO")  # the connection lines name the transport
+    nccl_log_defaults(cfg, os.environ)  # before NCCL starts: it reads them once
     env = init_distributed(cfg.parallel.collective_timeout_s)
     setup_logging(env)
     try:

@@ -19,6 +19,7 @@ Creating the file is atomic (O_EXCL), also on Lustre; taking over a stale owner'
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -28,6 +29,9 @@ import time
 import uuid
 from pathlib import Path
 
+import torch.distributed as dist
+
+from training.dist import DistEnv
 from training.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -147,3 +151,22 @@ def _age(path: Path) -> float:
         return time.time() - path.stat().st_mtime
     except FileNotFoundError:
         return float("inf")
+
+
+def own_checkpoint_dir(checkpoint_dir: str | None, env: DistEnv) -> None:
+    """Take --checkpoint-dir for this run, on rank 0, before anything is read; every rank
+    raises the same refusal. Released when the process exits, after a finished or a failed
+    run (a killed run's claim lapses by this module's rules)."""
+    if checkpoint_dir is None:
+        return
+    refusal: list = [None]
+    if env.is_main:
+        owner = DirectoryOwner(Path(checkpoint_dir).expanduser())
+        try:
+            owner.take()
+            atexit.register(owner.release)
+        except UserError as e:
+            refusal[0] = str(e)
+    dist.broadcast_object_list(refusal, src=0)
+    if refusal[0] is not None:
+        raise UserError(refusal[0])

@@ -8,13 +8,15 @@ own constants: a changed constant must fail a test.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
 import pytest
 
 from components.planning.hardware import PROFILES
-from tests.harness import Recording, container, job_of, plain, stack_config, worker
+from tests.harness import (Recording, container, job_of, plain, run_program, stack_config,
+                           variant_config, worker)
 from training.hardware import peak_bf16_flops
 
 DATASHEET_BF16_TFLOPS = {
@@ -189,3 +191,75 @@ def test_the_control_plane_spans_the_networks_subnets_and_nodes_get_no_public_ip
     assert set(cluster["privateSubnetIds"]) == private and set(cluster["publicSubnetIds"]) == public
     assert cluster["vpcId"] == "network-vpc-id"
     assert cluster["nodeAssociatePublicIpAddress"] is False
+
+
+S3_GATEWAY_SERVICE = "com.amazonaws.{region}.s3"
+"""The S3 service name of a VPC endpoint in the stack's region (AWS PrivateLink guide, "Gateway
+endpoints for Amazon S3"; pulumi_aws ``ec2.VpcEndpoint.service_name``: ``com.amazonaws.<region>.
+<service>``). A gateway endpoint adds S3's prefix-list route to the route tables it lists
+(pulumi_aws ``route_table_ids``: "Applicable for endpoints of type Gateway";
+``vpc_endpoint_type`` "Defaults to Gateway"), so traffic to S3 from their subnets skips the NAT
+gateway and its per-GB processing charge; gateway endpoints themselves cost nothing (AWS
+Prescriptive Guidance, startup security baseline WKLD.12)."""
+
+
+def test_nodes_and_fsx_reach_s3_through_a_gateway_endpoint_not_the_nat(recording: Recording,
+                                                                        stack: str):
+    """Checked against AWS's gateway endpoints for S3 (S3_GATEWAY_SERVICE): every subnet that
+    holds nodes (image layers from ECR are served from S3) or the FSx file system (its data
+    repository traffic) routes through a route table that an S3 gateway endpoint of the stack's
+    region lists, in the same VPC (without it, that traffic is billed per GB at the NAT)."""
+    region = stack_config(stack)["aws:region"]
+    routes = {a.inputs["subnetId"]: a.inputs["routeTableId"]
+              for a in recording.of_type("aws:ec2/routeTableAssociation:RouteTableAssociation")}
+    vpc = {s.inputs["vpcId"] for s in recording.of_type("aws:ec2/subnet:Subnet")}
+    served = {table for e in recording.of_type("aws:ec2/vpcEndpoint:VpcEndpoint")
+              if e.inputs.get("serviceName") == S3_GATEWAY_SERVICE.format(region=region)
+              and e.inputs.get("vpcEndpointType", "Gateway") == "Gateway"
+              and e.inputs.get("vpcId") in vpc
+              for table in e.inputs.get("routeTableIds") or []}
+    holders = [*recording.of_type("aws:eks/nodeGroup:NodeGroup"),
+               *recording.of_type("aws:fsx/lustreFileSystem:LustreFileSystem")]
+    subnets = {(h.name, subnet) for h in holders for subnet in
+               ([h.inputs["subnetIds"]] if isinstance(h.inputs["subnetIds"], str)
+                else h.inputs["subnetIds"])}
+    assert {"gpu-gpu", "storage-fsx"} <= {name for name, _ in subnets}, subnets
+    missing = sorted((name, subnet) for name, subnet in subnets if routes.get(subnet) not in served)
+    assert not missing, f"these subnets reach S3 only through the NAT gateway: {missing}"
+
+
+EKS_DEFAULT_PUBLIC_CIDRS = ["0.0.0.0/0"]
+"""Who may reach a public API endpoint when publicAccessCidrs is not given or empty: the EKS
+API's VpcConfigRequest.publicAccessCidrs, "The default value is 0.0.0.0/0"; pulumi_aws
+``eks.ClusterVpcConfigArgs.public_access_cidrs``, "EKS defaults this to a list with 0.0.0.0/0"."""
+
+
+def public_endpoint_open_to(cluster: dict) -> list[str]:
+    """The CIDRs that reach the Kubernetes API from outside the VPC for these ``eks.Cluster``
+    inputs, by the providers' documented defaults: pulumi_eks ``Cluster.endpoint_public_access``
+    "Default is `true`", and EKS_DEFAULT_PUBLIC_CIDRS."""
+    if cluster.get("endpointPublicAccess", True) is False:
+        return []
+    return list(cluster.get("publicAccessCidrs") or EKS_DEFAULT_PUBLIC_CIDRS)
+
+
+@pytest.mark.parametrize("cluster, open_to", [
+    ({}, None),
+    ({"publicAccessCidrs": ["203.0.113.0/24", "198.51.100.7/32"]},
+     ["203.0.113.0/24", "198.51.100.7/32"]),
+    ({"endpointPublicAccess": False}, []),
+], ids=["stack-file", "own-cidrs", "private-only"])
+def test_the_api_endpoint_is_open_to_what_the_stack_says_and_preview_warns_when_it_is_all(
+        cluster: dict, open_to: list[str] | None, caplog):
+    """Checked against the providers' defaults (public_endpoint_open_to): the cluster's public
+    endpoint is open to exactly the CIDRs cluster.publicAccessCidrs lists, or to none with
+    cluster.endpointPublicAccess false; and the preview warns naming cluster.publicAccessCidrs
+    exactly when what the cluster gets is open to the whole internet (0.0.0.0/0), whatever the
+    stack file says."""
+    caplog.set_level(logging.WARNING)
+    recording = run_program(variant_config("p5", cluster=cluster), "p5-endpoint")
+    reached = public_endpoint_open_to(recording.one("eks:index:Cluster").inputs)
+    if open_to is not None:
+        assert reached == open_to
+    warned = any("cluster.publicAccessCidrs" in r.getMessage() for r in caplog.records)
+    assert warned == ("0.0.0.0/0" in reached), (reached, [r.getMessage() for r in caplog.records])

@@ -28,7 +28,8 @@ from components.observability.alert_delivery import RULES_FILE
 from components.stack import Export
 from offline.mocks import run_program
 from offline.recording import Recording
-from tests.harness import HELM, container, job_of, release, stack_config, variant_config, waits_for, worker
+from tests.harness import (HELM, container, job_of, release, stack_config, training_flags, variant_config, waits_for,
+                           worker)
 from training import node_check as check_judge
 from training.config import build_parser, config_from_namespace
 
@@ -159,7 +160,7 @@ def test_the_users_days(cluster: str, tmp_path: Path):
     assert all(f"delete pytorchjob {c['metadata']['name']}" in calls for c in checks)
     # What the check judges, with the flags the stack gives it: NCCL over TCP between nodes on
     # this EFA profile fails it, whatever the bandwidth floor.
-    flags = config_from_namespace(build_parser().parse_args(container(checks[0])["command"][3:])).node_check
+    flags = config_from_namespace(build_parser().parse_args(training_flags(container(checks[0])["command"]))).node_check
     assert flags.node_check_efa > 0
     sockets = check_judge.transport_of([SOCKET_LINE], "nccl", 16)
     assert check_judge.transport_failures(sockets, flags.node_check_efa, nodes=2), "TCP on EFA must fail the check"

@@ -24,7 +24,7 @@ from components.planning.hardware import PROFILES
 from components.settings import JobSettings
 from components.stack import Export
 from components.training_job import MAX_NAME, pod_monitor_manifest, pytorchjob_manifest, training_command
-from tests.harness import Recording, container, job_of, job_settings, worker
+from tests.harness import Recording, container, job_of, job_settings, training_flags, worker
 from tests.infra.test_workload import crd_schema, undeclared_keys
 from training.config import build_parser, config_from_namespace
 
@@ -44,11 +44,11 @@ def render(job: JobSettings = JobSettings(), profile: str = "p5", check_only: bo
 def same_flags(check: dict, train: dict) -> bool:
     """The check's flags are the job's, its own run directory in place of the run's."""
     names = check["metadata"]["name"], train["metadata"]["name"]
-    return [a.replace(*names) for a in container(check)["command"][3:]] == container(train)["command"][3:]
+    return [a.replace(*names) for a in training_flags(container(check)["command"])] == training_flags(container(train)["command"])
 
 
 def parsed(command: list[str]):
-    return config_from_namespace(build_parser().parse_args(command[3:])).node_check
+    return config_from_namespace(build_parser().parse_args(training_flags(command))).node_check
 
 
 @pytest.mark.parametrize("profile", ["p4de", "p5"])
@@ -78,7 +78,8 @@ def test_fewer_efa_interfaces_lower_the_floor_and_none_checks_none(efa, floor):
 def test_the_check_job_runs_only_the_check_with_the_jobs_flags():
     train, check = render(), render(check_only=True)
     assert check["metadata"]["name"].startswith("node-check-")
-    assert container(check)["command"][:3] == ["torchrun", "-m", "training.node_check"]
+    assert container(check)["command"][:5] == ["python", "-m", "training.launch", "-m",
+                                               "training.node_check"]
     assert same_flags(check, train)
     # A failed check fails once: no restart in the pod (torchrun) or of the pod (operator).
     assert check["spec"]["elasticPolicy"]["maxRestarts"] == 0

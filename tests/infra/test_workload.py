@@ -180,12 +180,14 @@ def test_worker_environment_is_efa_ready_and_debuggable(recording: Recording):
 
 
 def test_command_is_torchrun_module_without_flags_the_operator_sets(recording: Recording, stack: str):
-    """Checked against the operator's PET_* environment: explicit torchrun flags override it."""
+    """Checked against the operator's PET_* environment: explicit torchrun flags override it.
+    The launcher is torchrun's own main (training/launch.py), which reads the same PET_*."""
     command = container(job_of(recording))["command"]
     head = command[: command.index("training.finetune") + 1]
-    assert head == ["torchrun", "-m", "training.finetune"], head
+    assert head == ["python", "-m", "training.launch", "-m", "training.finetune"], head
     assert not [a for a in command if a.startswith(TORCHRUN_FLAGS_FROM_ENV)]
-    parsed = training_config.flat(config_from_namespace(build_parser().parse_args(command[3:])))
+    parsed = training_config.flat(config_from_namespace(build_parser().parse_args(
+        command[len(head):])))
     training_keys = {k: v for k, v in job_config(stack).items() if snake(k) in parsed}
     assert {"model", "seqLen", "sharding", "batchSize"} <= training_keys.keys()
     for key, value in training_keys.items():

@@ -16,6 +16,7 @@ import pytest
 from components.planning.hardware import PROFILES
 from components.settings import JobSettings
 from components.training_job import (
+    LAUNCHER,
     SHARED_DIR,
     model_slug,
     node_check_thresholds,
@@ -24,7 +25,7 @@ from components.training_job import (
 )
 from offline.mocks import run_program
 from offline.stacks import ROOT, stack_config
-from tests.harness import container, job_of, job_settings, parse, raw_settings
+from tests.harness import container, job_of, job_settings, parse, raw_settings, training_flags
 from training import config as training_config
 from training.config import build_parser, config_from_namespace
 
@@ -166,8 +167,8 @@ def test_the_training_package_parses_the_command(changed):
     provides (whatever the stack file said for those)."""
     job = JobSettings(training=training_config.from_fields(changed))
     command = training_command(job, PROFILES["p5"], data_dir="/fsx/runs/r")
-    assert command[:3] == ["torchrun", "-m", "training.finetune"]
-    parsed = training_config.flat(config_from_namespace(build_parser().parse_args(command[3:])))
+    assert command[:5] == ["python", "-m", "training.launch", "-m", "training.finetune"]
+    parsed = training_config.flat(config_from_namespace(build_parser().parse_args(training_flags(command))))
     pod_owned = {"checkpoint_dir": "/fsx/runs/r/checkpoints", "output_dir": "/fsx/runs/r/output",
                  "cache_dir": "/mnt/nvme/huggingface", "metrics_port": 9402,
                  "metrics_file": "/fsx/runs/r/metrics.jsonl",
@@ -185,7 +186,7 @@ def test_nccl_gives_up_on_a_hung_rank_when_the_package_does(timeout_s):
     env = {e["name"]: e.get("value") for e in
            render(job)["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["env"]}
     command = training_command(job, PROFILES["p5"])
-    parsed = config_from_namespace(build_parser().parse_args(command[3:]))
+    parsed = config_from_namespace(build_parser().parse_args(training_flags(command)))
     assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == str(parsed.parallel.collective_timeout_s)
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
     assert parsed.parallel.collective_timeout_s == (timeout_s or training_config.ParallelConfig().collective_timeout_s)
@@ -197,7 +198,7 @@ def test_the_training_readme_shows_the_command_the_pod_runs():
     run's name: a changed default, flag or stack file that moves the pod's command fails here."""
     readme = (ROOT / "training" / "README.md").read_text()
     block = readme.split("```bash\n", 1)[1].split("\n```", 1)[0]
-    start = block.index("torchrun ")
+    start = block.index(" ".join(LAUNCHER))
     end = block.index("\npython -m training.finetune --help")
     shown = shlex.split(block[start:end].replace(" \\\n", " "))
     settings = parse(raw_settings("p5"))
@@ -218,5 +219,5 @@ def test_the_packages_rules_run_once_per_process_on_each_side(monkeypatch):
     assert len(checked) == 1, f"preview ran the package's rules {len(checked)} times"
     command = container(job_of(recording))["command"]
     checked.clear()
-    parsed = training_config.parse_args(command[3:])
+    parsed = training_config.parse_args(training_flags(command))
     assert checked == [parsed], f"the pod's command line ran the package's rules {len(checked)} times"

@@ -49,11 +49,12 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 def torchrun_cmd(nproc: int, launcher: list[str] | None = None,
-                 module: str = "training.finetune") -> list[str]:
-    """`torchrun [launcher] --nproc-per-node=N -m module`, one node by default (--standalone)."""
+                 module: str = "training.finetune",
+                 via: str = "torch.distributed.run") -> list[str]:
+    """`torchrun [launcher] --nproc-per-node=N -m module`, one node by default (--standalone);
+    ``via``: the launcher's module (training.launch: what the job's pods run)."""
     launcher = ["--standalone"] if launcher is None else launcher
-    return [sys.executable, "-m", "torch.distributed.run", *launcher,
-            f"--nproc-per-node={nproc}", "-m", module]
+    return [sys.executable, "-m", via, *launcher, f"--nproc-per-node={nproc}", "-m", module]
 
 
 def start(cmd: list[str], **env: str) -> subprocess.Popen:

@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -137,48 +138,116 @@ RUN_RECORD_DAMAGE = {
         json.dumps({**RECORD, "settings": {**RECORD["settings"], "batch_size": None}}),
         f"{RUN_RECORD} is not a run record"),
 }
+"""RUN.json contents that are not a run record, and what resume says of each when nothing
+else vouches for the file (a manifest of an older version that does not list it)."""
+
+ANOTHER_RECORD = json.dumps({**RECORD, "settings": {**RECORD["settings"], "seed": 43}}, indent=1)
+"""A sound run record of another run, as long as RECORD's (a changed seed: resuming under it
+is refused)."""
 
 
-@pytest.mark.parametrize("kind", RUN_RECORD_DAMAGE)
-def test_a_run_record_that_does_not_read_is_damage(kind, env, tmp_path, caplog):
-    """Checked against the weights each checkpoint was saved with: the newest checkpoint's
-    RUN.json replaced by something that is not a run record; resume sets it aside naming
-    RUN.json and loads step 2's weights, whose record is compared (before: a TypeError or
-    KeyError traceback from the comparison, or, for text that is not JSON, a warning that an
-    older version wrote the checkpoint and nothing compared)."""
-    saved = _saved(tmp_path, env, run_record=RECORD)
-    text, says = RUN_RECORD_DAMAGE[kind]
-    (tmp_path / "step_00000004" / RUN_RECORD).write_text(text)
+def _as_an_older_version_wrote_it(path: Path) -> None:
+    """Rewrite a checkpoint's manifest as the version before RUN.json was listed wrote it: no
+    RUN.json entry, no ``unlisted``, the COMPLETE marker holding the new manifest's CRC32."""
+    manifest = json.loads((path / MANIFEST).read_text())
+    files = {k: v for k, v in manifest["files"].items() if k != RUN_RECORD}
+    raw = json.dumps({"step": manifest["step"], "files": files}, indent=1, sort_keys=True)
+    (path / MANIFEST).write_text(raw)
+    marker = json.loads((path / COMPLETE_MARKER).read_text())
+    (path / COMPLETE_MARKER).write_text(json.dumps({**marker,
+                                                    "manifest_crc32": zlib.crc32(raw.encode())}))
+
+
+def _resume_with_record(root: Path, env, caplog) -> tuple[TrainerState, list[str]]:
+    """Resume ``root`` in a job whose run record is RECORD; (its trainer state, the warnings)."""
     model, optimizer, trainer = _job()
     with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
-        Checkpointer(str(tmp_path), 2, env, run_record=RECORD).resume(model, optimizer, trainer)
-    assert trainer.step == 2 and all(torch.equal(a, b) for a, b in zip(_weights(model), saved[2]))
-    assert says in caplog.text and "falling back to step 2" in caplog.text, caplog.text
-    assert "an older version wrote it" not in caplog.text
+        Checkpointer(str(root), 2, env, run_record=RECORD).resume(model, optimizer, trainer)
+    trainer.weights = _weights(model)
+    return trainer, [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("kind", [*RUN_RECORD_DAMAGE, "another run's record", "missing"])
+def test_a_run_record_that_does_not_match_the_manifest_is_damage(kind, env, tmp_path, caplog):
+    """Checked against the weights each checkpoint was saved with: the newest checkpoint's
+    RUN.json damaged (truncated, replaced, a sound record of another run of the same size,
+    deleted); its manifest lists RUN.json, so resume sets step 4 aside naming RUN.json and
+    loads step 2's weights, whose record is compared (before: RUN.json was outside the
+    manifest, so another run's record refused the resume with a changed --seed, and a deleted
+    one resumed saying an older version wrote the checkpoint)."""
+    saved = _saved(tmp_path, env, run_record=RECORD)
+    path = tmp_path / "step_00000004" / RUN_RECORD
+    if kind == "missing":
+        path.unlink()
+    else:
+        path.write_text(ANOTHER_RECORD if kind == "another run's record"
+                        else RUN_RECORD_DAMAGE[kind][0])
+    trainer, warnings = _resume_with_record(tmp_path, env, caplog)
+    assert trainer.step == 2 and all(torch.equal(a, b) for a, b in zip(trainer.weights, saved[2]))
+    says = {"missing": f"{RUN_RECORD} is missing",
+            "another run's record": f"{RUN_RECORD} does not match its CRC32"}.get(
+                kind, f"{RUN_RECORD} has ")
+    assert any(says in w and "falling back to step 2" in w for w in warnings), warnings
+    assert not any("an older version wrote it" in w for w in warnings), warnings
     assert [p.name.split(".")[:2] for p in tmp_path.glob(f"{DAMAGED_PREFIX}*")] == [
         ["damaged", "step_00000004"]]
 
 
-@pytest.mark.parametrize("settings, warned", [
-    ({}, None), (None, f"has no {RUN_RECORD} (an older version wrote it)")],
-    ids=["settings-of-an-older-version", "no-run-record"])
-def test_a_run_record_of_an_older_version_resumes(settings, warned, env, tmp_path, caplog):
-    """Checked against run_record.compare's rule that a setting the old record lacks is not a
-    change: a RUN.json whose settings predate every setting of today resumes step 4 without a
-    warning (before: a KeyError on the global batch's sizes); a checkpoint without RUN.json
-    resumes step 4 saying that nothing was compared."""
+@pytest.mark.parametrize("kind", RUN_RECORD_DAMAGE)
+def test_an_unlisted_run_record_that_does_not_read_is_damage(kind, env, tmp_path, caplog):
+    """Checked against the weights each checkpoint was saved with: in checkpoints of the
+    version before RUN.json was listed in the manifest, the newest one's RUN.json replaced by
+    something that is not a run record; resume sets it aside naming RUN.json and what is wrong
+    with it, and loads step 2's weights (before: a TypeError or KeyError traceback from the
+    comparison, or, for text that is not JSON, a warning that an older version wrote the
+    checkpoint and nothing compared)."""
     saved = _saved(tmp_path, env, run_record=RECORD)
+    for step in (2, 4):
+        _as_an_older_version_wrote_it(tmp_path / f"step_{step:08d}")
+    text, says = RUN_RECORD_DAMAGE[kind]
+    (tmp_path / "step_00000004" / RUN_RECORD).write_text(text)
+    trainer, warnings = _resume_with_record(tmp_path, env, caplog)
+    assert trainer.step == 2 and all(torch.equal(a, b) for a, b in zip(trainer.weights, saved[2]))
+    assert any(says in w and "falling back to step 2" in w for w in warnings), warnings
+    assert [p.name.split(".")[:2] for p in tmp_path.glob(f"{DAMAGED_PREFIX}*")] == [
+        ["damaged", "step_00000004"]]
+
+
+UNVERIFIED = f"its {MANIFEST} does not list {RUN_RECORD} (an older version wrote it)"
+
+
+@pytest.mark.parametrize("settings, warned", [
+    (RECORD["settings"], [UNVERIFIED]), ({}, [UNVERIFIED]),
+    (None, [f"has no {RUN_RECORD} (an older version wrote it)"])],
+    ids=["sound", "settings-of-an-older-version", "no-run-record"])
+def test_a_run_record_of_an_older_version_resumes(settings, warned, env, tmp_path, caplog):
+    """Checked against the decision in training/checkpoint.py's docstring for checkpoints of
+    the version before RUN.json was listed in the manifest: step 4 resumes with its weights,
+    its RUN.json compared with one warning that nothing vouches for it; a RUN.json whose
+    settings predate every setting of today is no change (run_record.compare's rule; before: a
+    KeyError on the global batch's sizes); without RUN.json, one warning that nothing was
+    compared."""
+    saved = _saved(tmp_path, env, run_record=RECORD)
+    _as_an_older_version_wrote_it(tmp_path / "step_00000004")
     path = tmp_path / "step_00000004" / RUN_RECORD
     if settings is None:
         path.unlink()
     else:
         path.write_text(json.dumps({**RECORD, "settings": settings}))
+    trainer, warnings = _resume_with_record(tmp_path, env, caplog)
+    assert trainer.step == 4 and all(torch.equal(a, b) for a, b in zip(trainer.weights, saved[4]))
+    assert len(warnings) == len(warned) and all(w in m for w, m in zip(warned, warnings)), warnings
+
+
+def test_an_older_run_record_of_another_run_is_still_refused(env, tmp_path):
+    """Checked against run_record.compare: an unlisted RUN.json (older version) of a run with
+    another --seed refuses the resume naming the seed, as before RUN.json was listed."""
+    _saved(tmp_path, env, run_record=RECORD)
+    _as_an_older_version_wrote_it(tmp_path / "step_00000004")
+    (tmp_path / "step_00000004" / RUN_RECORD).write_text(ANOTHER_RECORD)
     model, optimizer, trainer = _job()
-    with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
+    with pytest.raises(UserError, match="--seed 43 -> 42"):
         Checkpointer(str(tmp_path), 2, env, run_record=RECORD).resume(model, optimizer, trainer)
-    assert trainer.step == 4 and all(torch.equal(a, b) for a, b in zip(_weights(model), saved[4]))
-    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == (warned is not None) and all(warned in w for w in warnings), warnings
 
 
 def test_the_best_checkpoint_has_the_lowest_finite_loss(tmp_path):
@@ -313,12 +382,14 @@ def test_an_intact_checkpoint_of_another_model_is_an_error_not_damage(env, tmp_p
 
 def test_async_checkpoint_is_complete_and_loadable(env, tmp_path):
     """Checked against the weights at the save: an async save (dcp.async_save) that training
-    keeps running past is complete once closed, its manifest lists every file it holds, and
-    it loads the weights of the step it was taken at, not later ones."""
-    saved = _saved(tmp_path, env, steps=(3,), async_save=True)
+    keeps running past is complete once closed, its manifest lists every file it holds (RUN.json
+    too) but itself and the COMPLETE marker, which it names as unlisted, and it loads the weights of the step it was taken at, not later ones."""
+    saved = _saved(tmp_path, env, steps=(3,), async_save=True, run_record=RECORD)
     path = tmp_path / "step_00000003"
-    manifest = json.loads((path / MANIFEST).read_text())["files"]
-    assert set(manifest) == {p.name for p in path.iterdir()} - {MANIFEST, COMPLETE_MARKER}
+    manifest = json.loads((path / MANIFEST).read_text())
+    assert RUN_RECORD in manifest["files"]
+    assert set(manifest["files"]) == {p.name for p in path.iterdir()} - set(manifest["unlisted"])
+    assert set(manifest["unlisted"]) == {MANIFEST, COMPLETE_MARKER}
     model, optimizer, trainer = _job()
     Checkpointer(str(tmp_path), 1, env).resume(model, optimizer, trainer)
     assert trainer.step == 3 and all(torch.equal(a, b) for a, b in zip(_weights(model), saved[3]))

@@ -25,6 +25,7 @@ from tests.training.conftest import (
     train,
 )
 from training.checkpoint import COMPLETE_MARKER, complete_checkpoints
+from training.termination import EXIT_CODE as TERMINATED_EXIT_CODE
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -105,15 +106,18 @@ def test_killed_while_saving_resumes_from_previous_checkpoint(reference, tmp_pat
 
 def test_sigterm_saves_the_step_and_the_next_start_matches_uninterrupted(reference, tmp_path,
                                                                           tiny_cache):
-    """Checked against the uninterrupted reference run: torchrun is sent SIGTERM (as Kubernetes
-    ends a pod) after step 2 of a run whose only regular checkpoint is the last step's; its
-    workers finish the step in flight, save it, and exit non-zero (torchrun too); the
-    same command started again resumes from that step and ends with the reference's losses
-    at every step, the final one included."""
+    """Checked against the uninterrupted reference run and README's account of an ended pod:
+    the job's launcher (training.launch, torchrun) is sent SIGTERM (as Kubernetes ends a pod)
+    after step 2 of a run whose only regular checkpoint is the last step's; its workers finish
+    the step in flight, save it, and the launcher exits 143 with one line and no traceback
+    (before: torchrun printed a SignalException traceback and exited 1); the same command
+    started again resumes from that step and ends with the reference's losses at every step,
+    the final one included."""
     ckpt = tmp_path / "ckpt"
     metrics = tmp_path / "metrics.jsonl"
     flags = ["--batch-size", "4", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "0"]
-    cmd = torchrun_cmd(2, ["--standalone", "--max-restarts=0", "--monitor-interval=0.5"]) + [
+    launcher = ["--standalone", "--max-restarts=0", "--monitor-interval=0.5"]
+    cmd = torchrun_cmd(2, launcher, via="training.launch") + [
         *TINY_FLAGS, "--cache-dir", str(tiny_cache), *flags, "--metrics-file", str(metrics)]
     proc = start(cmd, FSDP_EKS_TEST_STEP_DELAY_S="0.5")
     try:
@@ -124,15 +128,48 @@ def test_sigterm_saves_the_step_and_the_next_start_matches_uninterrupted(referen
         if proc.poll() is None:
             proc.kill()
     stopped = max(steps_of(metrics))
-    assert proc.returncode != 0, "a stopped run must not count as done"
+    assert proc.returncode == TERMINATED_EXIT_CODE, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    assert "torchrun: stopped by SIGTERM" in out and "exit status 143" in out, out[-4000:]
     assert 2 <= stopped < STEPS, out[-4000:]
     assert f"stopped after step {stopped} on SIGTERM" in out, out[-4000:]
     assert [s for s, _ in complete_checkpoints(ckpt)] == [stopped]
-    again = train(tmp_path, *flags, cache=tiny_cache,
-                  launcher=["--standalone", "--max-restarts=0", "--monitor-interval=0.5"]).check()
+    again = train(tmp_path, *flags, cache=tiny_cache, launcher=launcher).check()
     assert f"resumed from {ckpt}/step_{stopped:08d}" in again.output
     assert_losses_close(again.losses(), reference.losses(), BITWISE_RTOL, "SIGTERM + restart")
     assert again.losses()[-1] == reference.losses()[-1]
+
+
+def test_sigterm_in_the_setup_ends_every_rank_with_one_line(tmp_path, tiny_cache):
+    """Checked against training/termination.py's rule for the setup: the launcher is sent
+    SIGTERM while both ranks are in the setup, past its first collectives (a test hook pauses
+    them there); every worker stops at once with one line, nothing is trained or saved, and
+    the launcher exits 143 without a traceback (before: the handler was installed only at the
+    loop, so the workers died by the signal and torchrun exited 1 with a traceback; a rank
+    that had installed it while its peer had not failed with a gloo connection reset)."""
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
+    cmd = torchrun_cmd(2, ["--standalone", "--max-restarts=0", "--monitor-interval=0.5"],
+                       via="training.launch") + [
+        *TINY_FLAGS, "--cache-dir", str(tiny_cache), "--checkpoint-dir", str(ckpt),
+        "--metrics-file", str(metrics)]
+    proc = start(cmd, FSDP_EKS_TEST_SETUP_PAUSE_S="120")
+    seen: list[str] = []
+    try:
+        while sum("pauses 120 s in the setup" in line for line in seen) < 2:
+            line = proc.stdout.readline()
+            assert line, "the run ended before the setup's pause:\n" + "".join(seen[-40:])
+            seen.append(line)
+        os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(seen) + out
+    assert proc.returncode == TERMINATED_EXIT_CODE, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    assert "stopped on SIGTERM before the first step: nothing to save yet" in out, out[-4000:]
+    assert "torchrun: stopped by SIGTERM" in out
+    assert not steps_of(metrics) and not complete_checkpoints(ckpt)
 
 
 def _wait_for_step(metrics: Path, step: int, procs: list[subprocess.Popen], timeout: float) -> None:

@@ -310,6 +310,94 @@ def test_no_connection_line_is_reported_as_unknown_with_why(monkeypatch):
     assert got["transport"] == "unknown" and "NCCL_DEBUG=WARN" in got["how"]
 
 
+@pytest.mark.parametrize("pattern, expected", [
+    ("/logs/nccl.%h.%p.log", "/logs/nccl.ip-10-0-1-7.4242.log"),
+    ("/logs/%%h-%x.log", "/logs/%h-%x.log"),
+])
+def test_the_nccl_log_path_is_expanded_as_nccl_does(pattern, expected):
+    """Checked against NVIDIA/nccl src/debug.cc (ncclDebugInit): %h is the host name up to its
+    first dot, %p the pid, %% a percent sign, any other %x kept as written."""
+    assert nc.nccl_debug_path(pattern, "ip-10-0-1-7.ec2.internal", 4242) == Path(expected)
+
+
+FAKE_NCCL = """
+import os, socket, sys
+from training import node_check as nc
+from training.config import parse_args
+nc.nccl_log_defaults(parse_args(sys.argv[1:]), os.environ)
+with nc.nccl_lines() as (lines, path):
+    # what NCCL does at INFO (src/debug.cc): NCCL_DEBUG_FILE's %h (host up to its first dot)
+    # and %p (pid) expanded, the file opened "w" and line-buffered; stdout without the variable
+    target = os.environ.get("NCCL_DEBUG_FILE")
+    if target:
+        name = target.replace("%h", socket.gethostname().split(".")[0]).replace(
+            "%p", str(os.getpid()))
+        out = open(name, "w", buffering=1)
+    else:
+        out = sys.stdout
+    for i in range(300):
+        out.write(f"host:1:2 [0] NCCL INFO Channel {i:02d}/0 : 1[0] -> 0[0] [send] via "
+                  "NET/AWS Libfabric/0/GDRDMA\\n")
+    out.flush()
+transport = nc.transport_of(lines, "nccl", 16)
+print("TRANSPORT", transport["transport"], path)
+"""
+
+
+def test_the_standalone_checks_nccl_log_goes_to_a_file_not_the_terminal(tmp_path):
+    """Checked against NCCL's own rule for NCCL_DEBUG_FILE (src/debug.cc), imitated by a
+    process that writes 300 connection lines where NCCL would: with the standalone check's
+    defaults the terminal gets none of them, the transport is still read from them (EFA),
+    and they are all in the file beside --metrics-file that the check names (before:
+    NCCL_DEBUG=INFO printed every line to the terminal, burying the table)."""
+    out = subprocess.run([sys.executable, "-c", FAKE_NCCL, "--metrics-file",
+                          str(tmp_path / "m.jsonl")], cwd=REPO, capture_output=True, text=True,
+                         env={k: v for k, v in child_env().items()
+                              if not k.startswith("NCCL_DEBUG")}, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "NCCL INFO" not in out.stdout + out.stderr, out.stdout[-2000:]
+    [line] = [line for line in out.stdout.splitlines() if line.startswith("TRANSPORT")]
+    _, transport, path = line.split(" ", 2)
+    assert transport == "EFA" and Path(path).parent == tmp_path / nc.NCCL_LOG_DIR
+    assert Path(path).read_text().count("NCCL INFO Channel") == 300
+
+
+def test_a_users_own_nccl_debug_setting_stands(tmp_path):
+    """Checked against the rule in nccl_log_defaults: NCCL_DEBUG set by the user (WARN, or INFO
+    to the terminal) and NCCL_DEBUG_FILE of the user's own are left as they are."""
+    cfg = parse_args(["--metrics-file", str(tmp_path / "m.jsonl")])
+    for environ in ({"NCCL_DEBUG": "WARN"}, {"NCCL_DEBUG": "INFO"},
+                    {"NCCL_DEBUG_FILE": "/mine/%h.log"}):
+        before = dict(environ)
+        nc.nccl_log_defaults(cfg, environ)
+        assert environ == ({**before, "NCCL_DEBUG": "INFO"} if "NCCL_DEBUG" not in before
+                           else before)
+
+
+def test_nccl_logs_go_to_the_temporary_directory_where_the_metrics_directory_cannot_hold_them(
+        tmp_path, monkeypatch):
+    """Checked against a --metrics-file under a path whose parent is a file (no directory can
+    be made there, also as root): the NCCL log goes to the temporary directory instead of the
+    check failing before it starts."""
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(nc.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    environ: dict = {}
+    nc.nccl_log_defaults(parse_args(["--metrics-file", str(tmp_path / "file" / "m.jsonl")]),
+                         environ)
+    assert Path(environ["NCCL_DEBUG_FILE"]).parent == tmp_path / "tmp" / nc.NCCL_LOG_DIR
+
+
+def test_the_table_names_the_nccl_log(tmp_path):
+    """The table's transport line is followed by the file of rank 0's NCCL log, when the
+    transport was read from one."""
+    report = nc.Report(passed=True, seconds=1.0, model="llama2-7b", world_size=2, nodes=1,
+                       results=[], bandwidth=[], node_bandwidth=[], slowest_rank=None,
+                       slowest_node=None, failures=[],
+                       transport={"transport": "EFA", "how": "NCCL connection lines",
+                                  "log": "/fsx/nccl-logs/nccl.ip-1.42.log"})
+    assert "  NCCL's log: /fsx/nccl-logs/nccl.ip-1.42.log (rank 0;" in nc.format_table(report)
+
+
 # ----------------------------------------------------------------------------- real processes
 def node_check_cmd(nproc: int, *flags: str) -> list[str]:
     return torchrun_cmd(nproc, module="training.node_check") + ["--model", "tiny", *flags]
@@ -425,15 +513,15 @@ def test_nccl_over_tcp_between_two_nodes_fails_the_whole_check_where_efa_was_req
 
 
 def test_a_failed_check_stops_the_fine_tune_before_training(tmp_path, tiny_cache):
-    """The fine-tune with a node that lacks the EFA devices it was promised: status 1 before
-    any data, model or step, the node, the check and both counts named; the report is in the
-    metrics file."""
+    """The fine-tune with a node that lacks the EFA devices it was promised: status 1 after
+    the checks that need no GPU (the data read) and before the model or any step, the node,
+    the check and both counts named; the report is in the metrics file."""
     run = train(tmp_path, "--node-check-efa", "2", cache=tiny_cache, env={"NODE_NAME": NODE})
     assert run.returncode != 0
     assert f"{NODE}: efa devices: 0 of 2 in /dev/infiniband" in run.output
     assert "node check failed before training" in run.output
     assert steps_of(run.metrics_file) == {}
-    assert "step 1/" not in run.output and "data:" not in run.output
+    assert "data: " in run.output and "model: " not in run.output and "step 1/" not in run.output
     assert report_of(run.metrics_file)["passed"] is False
 
 

@@ -358,7 +358,7 @@ def test_out_of_memory_message(monkeypatch, capsys, world_of_one):
     run ends with status 1 and one message naming the four remedies."""
     from training import finetune
 
-    def oom(cfg, env, faults=None):
+    def oom(cfg, env, termination, faults=None):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 
     monkeypatch.setattr(finetune, "run", oom)

@@ -564,3 +564,24 @@ def test_a_setting_newer_than_the_checkpoint_is_not_a_change():
                                 run_record(fp8, 1, data), 5)
     assert refused == [] and len(warnings) == 1
     assert "--float8-recipe 'tensorwise' -> 'rowwise'" in warnings[0]
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--dataset", "{tmp}/instructons.jsonl"], "--dataset {tmp}/instructons.jsonl"),
+    (["--dataset", str(SHIPPED), "--prompt-field", "instruction", "--response-field", "output",
+      "--prompt-template", "{instruction} ({contxt}): "], "--prompt-template names {contxt}"),
+    (["--dataset", str(SHIPPED), "--model", "{tmp}/llama-typo"],
+     "--model {tmp}/llama-typo: no such directory"),
+], ids=["dataset-typo", "template-field-unknown", "model-directory-typo"])
+def test_a_slip_the_gpus_are_not_needed_for_ends_before_the_node_check(flags, named, tmp_path):
+    """Checked against the node check's own output (its table and its `node_check/*` record in
+    --metrics-file): a dataset path with a typo, a --prompt-template field the records do not
+    have, or a --model directory that does not exist ends with one error naming the flag and
+    value, with the node check not run and nothing written to the metrics file (before: the
+    node check ran first, on every node, and appended its record for each such attempt)."""
+    metrics = tmp_path / "metrics.jsonl"
+    out = finetune(tmp_path / "cache", *QUICK, *[f.replace("{tmp}", str(tmp_path)) for f in flags],
+                   "--metrics-file", str(metrics), "--node-check")
+    [error] = errors(out)
+    assert named.replace("{tmp}", str(tmp_path)) in error, error
+    assert "node check:" not in out.stderr and not metrics.exists(), out.stderr[-3000:]

@@ -68,6 +68,7 @@ import pulumi_kubernetes as k8s
 
 from components import rendezvous
 from components.gpu_nodes import GPU_TOLERATION
+from components.node_quarantine import NodeQuarantine, NodeQuarantineArgs, pod_api_access
 from components.planning.hardware import HardwareProfile
 from components.settings import JobSettings, gpus_per_node, job_node_bounds
 from components.storage import SharedClaim
@@ -301,8 +302,8 @@ def _pod_template(
             "nodeSelector": {"node.kubernetes.io/instance-type": profile.instance_type, **(node_labels or {})},
             "tolerations": [dict(GPU_TOLERATION)],
             "securityContext": dict(WORKER_SECURITY["pod"]),
-            # Nothing in the pod calls the Kubernetes API: no service-account token to steal.
-            "automountServiceAccountToken": False,
+            # A token only to quarantine its own node (components/node_quarantine.py).
+            **pod_api_access(),
             "initContainers": [prepare],
             "containers": [container],
             "volumes": [
@@ -506,6 +507,11 @@ class TrainingJob(pulumi.ComponentResource):
         )
         in_namespace = pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(depends_on=[self.namespace]))
         self.hf_secret = self._hf_secret(name, ns, args.hf_token, in_namespace)
+        self.node_quarantine = NodeQuarantine(
+            f"{name}-node-quarantine",
+            NodeQuarantineArgs(namespace=ns, provider=args.provider, depends_on=[self.namespace]),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         self.rendezvous = None
         if args.job.rdzv_backend != "c10d":
             self.rendezvous = rendezvous.Rendezvous(
@@ -531,7 +537,7 @@ class TrainingJob(pulumi.ComponentResource):
         # Not created: the node check command creates it on demand (a stack output).
         self.node_check_manifest = image.apply(lambda i: render(i, check_only=True))
         self.shared_claim = self._shared_claim(name, args.shared, in_namespace)
-        after = [self.namespace, *args.operator, *([self.hf_secret] if self.hf_secret else []),
+        after = [self.namespace, self.node_quarantine, *args.operator, *([self.hf_secret] if self.hf_secret else []),
                  *([self.rendezvous] if self.rendezvous else []),
                  *([self.shared_claim] if self.shared_claim else [])]
         self.pytorchjob = k8s.apiextensions.CustomResource(

@@ -232,3 +232,11 @@ def test_outside_kubernetes_nothing_is_sent_and_it_says_so_once(world_of_one, tm
     assert "efa devices: 0 of 2" in str(failure)
     said = [r for r in caplog.records if r.name == "training.quarantine"]
     assert len(said) == 1 and "not quarantined" in said[0].getMessage()
+
+
+def test_an_answer_it_cannot_read_is_logged_not_raised(api, caplog):
+    """Whatever goes wrong in the request, the caller's own failure is the one that counts."""
+    api.node = {"kind": "Status"}
+    caplog.set_level(logging.WARNING, logger="training.quarantine")
+    assert not quarantine.quarantine_own_node([nc.Result(NODE, "gpus", False, "7 of 8 GPUs")])
+    assert "could not quarantine node" in caplog.text

@@ -8,7 +8,7 @@ itself"): RBAC names resources by fixed names, and a pod's node is known only wh
 scheduled, so the role alone would let any training pod patch any node, labels and taints
 included. The policy closes that: the pod's bound token carries its node's name
 (``authentication.kubernetes.io/node-name`` in the user's extra, ServiceAccountTokenPodNodeInfo,
-beta and on from Kubernetes 1.30, GA in 1.32), a PATCH of a node reaches admission as an UPDATE
+beta and on by default from Kubernetes 1.30), a PATCH of a node reaches admission as an UPDATE
 with ``object`` (the patched node) and ``oldObject`` (the stored one), and a write of the main
 resource cannot change the node's status (``nodeStrategy.PrepareForUpdate`` keeps the old
 status). The policy API is GA since 1.30; every Kubernetes version ``versions.EKS_ADDONS``

@@ -109,7 +109,8 @@ def taint_node(api: str, token: str, context: ssl.SSLContext, node: str) -> None
             _call("PATCH", url, token, context, patch)
             return
         except QuarantineError as e:
-            # A failed "test" is 422 (apimachinery's jsonpatch error becomes Invalid).
+            # A failed "test" is 422 (the API server answers a JSON patch that does not apply with
+            # Unprocessable Entity: apiserver endpoints/handlers/patch.go, applyJSPatch).
             if e.status not in (409, 422) or attempt == ATTEMPTS:
                 raise
 

@@ -139,7 +139,7 @@ class NodeQuarantineArgs:
     """The training namespace (its service account)."""
     provider: k8s.Provider
     depends_on: Sequence[pulumi.Resource] = ()
-    """The namespace."""
+    """The namespace (which waits for the system nodes and CoreDNS): every object waits for it."""
 
 
 class NodeQuarantine(pulumi.ComponentResource):
@@ -149,10 +149,9 @@ class NodeQuarantine(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: NodeQuarantineArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("fsdp-eks:job:NodeQuarantine", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self, provider=args.provider)
+        child = pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=list(args.depends_on))
         self.service_account = k8s.core.v1.ServiceAccount(
-            f"{name}-service-account", metadata=service_account_manifest(args.namespace)["metadata"],
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=list(args.depends_on))))
+            f"{name}-service-account", metadata=service_account_manifest(args.namespace)["metadata"], opts=child)
         policy = admission_policy_manifest(args.namespace)
         self.policy = k8s.admissionregistration.v1.ValidatingAdmissionPolicy(
             f"{name}-policy", metadata=policy["metadata"], spec=policy["spec"], opts=child)

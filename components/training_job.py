@@ -68,6 +68,7 @@ import pulumi_kubernetes as k8s
 
 from components import rendezvous
 from components.gpu_nodes import GPU_TOLERATION
+from components.node_quarantine import NodeQuarantine, NodeQuarantineArgs, pod_api_access
 from components.planning.hardware import HardwareProfile
 from components.settings import JobSettings, gpus_per_node, job_node_bounds
 from components.storage import SharedClaim
@@ -321,8 +322,8 @@ def _pod_template(
             "nodeSelector": {"node.kubernetes.io/instance-type": profile.instance_type, **(node_labels or {})},
             "tolerations": [dict(GPU_TOLERATION)],
             "securityContext": dict(WORKER_SECURITY["pod"]),
-            # Nothing in the pod calls the Kubernetes API: no service-account token to steal.
-            "automountServiceAccountToken": False,
+            # A token only to quarantine its own node (components/node_quarantine.py).
+            **pod_api_access(),
             "initContainers": [_prepare_container(image, shared_claim, data_dir)],
             "containers": [_worker_container(job, profile, image, hf_secret, shared_claim, data_dir, module)],
             "volumes": [
@@ -532,6 +533,11 @@ class TrainingJob(pulumi.ComponentResource):
         )
         in_namespace = pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(depends_on=[self.namespace]))
         self.hf_secret = self._hf_secret(name, ns, args.hf_token, in_namespace)
+        self.node_quarantine = NodeQuarantine(
+            f"{name}-node-quarantine",
+            NodeQuarantineArgs(namespace=ns, provider=args.provider, depends_on=[self.namespace]),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         self.rendezvous = self._rendezvous(name, args)
         image = pulumi.Output.from_input(args.image)
         self.manifest = image.apply(lambda i: self._render(args, i, check_only=False))
@@ -582,7 +588,7 @@ class TrainingJob(pulumi.ComponentResource):
     def _pytorchjob(self, name: str, operator: Sequence[pulumi.Resource],
                     opts: pulumi.ResourceOptions) -> k8s.apiextensions.CustomResource:
         """The run, created after the operator and everything its pods mount or reach."""
-        after = [self.namespace, *operator, *([self.hf_secret] if self.hf_secret else []),
+        after = [self.namespace, self.node_quarantine, *operator, *([self.hf_secret] if self.hf_secret else []),
                  *([self.rendezvous] if self.rendezvous else []),
                  *([self.shared_claim] if self.shared_claim else [])]
         return k8s.apiextensions.CustomResource(

@@ -50,6 +50,7 @@ from training.dist import RLIM_INFINITY, DistEnv, init_distributed, locked_memor
 from training.errors import UserError
 from training.logs import setup_logging
 from training.metrics import JsonLines
+from training.quarantine import quarantine_own_node
 from training.shapes import SHAPES, ModelShape, shape_of_model
 from training.tiny import LLAMA_KWARGS
 
@@ -672,6 +673,7 @@ def _check(cfg: JobConfig, env: DistEnv, probe: Probe,
                     slowest_rank=slowest_rank, slowest_node=slowest_node, failures=failures)
     _publish(report, cfg, env)
     if failures:
+        quarantine_own_node(local)  # local rank 0 of each node holds its node's rows
         raise NodeCheckFailed("node check failed before training: " + "; ".join(failures)
                               + " (--no-node-check skips the check)")
     return report

@@ -1,6 +1,7 @@
 """The user's days with the autoscaler, step by step: the job ends -> the GPU nodes scale to zero
 after the delay -> the next job -> nodes come back; a node fails -> it is quarantined -> the job
-restarts without it and the node is replaced.
+restarts without it and the node is replaced; the node check's failing pod sets that taint on
+its own node.
 
 No API server, no AWS here: each step is checked on the objects and permissions that drive it,
 as the program creates them under mocks and as the real chart renders them (helm from
@@ -19,7 +20,7 @@ import json
 import re
 
 import pytest
-from components import versions
+from components import node_quarantine, versions
 from components.cluster_autoscaler import DISCOVERY_TAG, QUARANTINE_TAINT_KEY, SERVICE_ACCOUNT, TEMPLATE_PREFIX
 from components.observability.alert_delivery import load_rule_groups
 from components.settings_rules.gpu_nodes import MAX_SCALE_DOWN_DELAY_MINUTES
@@ -33,8 +34,10 @@ from tests.harness import (
     tolerates,
     tool_missing,
     variant,
+    waits_for,
     worker,
 )
+from training import quarantine
 
 ASG_TAG = "aws:autoscaling/tag:Tag"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
@@ -241,8 +244,28 @@ def test_capacity_block_group_starts_at_zero():
 # --------------------------------------------------------------------------- a node fails -> quarantined
 
 
+def test_step_the_check_fails_on_a_node_and_its_pod_taints_that_node(run: Recording):
+    """The node check's failing pod taints its own node (training/quarantine.py, driven by the
+    real check against a fake API server in tests/training/test_quarantine.py) with the taint
+    the next step acts on: it runs as the account whose role may patch nodes, with its token and
+    its node's name, and the admission policy that narrows that role to its own node is in force
+    before the role is bound (tests/infra/test_node_quarantine.py)."""
+    assert (quarantine.TAINT_KEY, quarantine.TAINT_EFFECT) == (QUARANTINE_TAINT_KEY, "NoExecute")
+    spec = worker(job_of(run))["template"]["spec"]
+    assert spec["serviceAccountName"] == node_quarantine.SERVICE_ACCOUNT and spec["automountServiceAccountToken"]
+    [container] = spec["containers"]
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]
+    [binding] = [r for r in run.of_type("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")
+                 if plain(r.inputs)["roleRef"]["name"] == node_quarantine.NAME]
+    assert plain(binding.inputs)["subjects"][0]["name"] == node_quarantine.SERVICE_ACCOUNT
+    [policy_binding] = run.of_type(
+        "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding")
+    assert policy_binding.name in waits_for(run, binding.name)
+
+
 def test_step_a_quarantined_node_loses_the_job_and_is_replaced(run: Recording):
-    """The quarantine taint evicts the worker (it does not tolerate it); the alert names the
+    """The quarantine taint (the failing pod's, or a person's) evicts the worker (it does not
+    tolerate it); the alert names the
     node and the reason; the autoscaler removes the emptied node and, ignoring the taint in the
     node it copies as the group's template, adds a clean one for the job's pending pods."""
     quarantine = {"key": QUARANTINE_TAINT_KEY, "value": "node-check-failed", "effect": "NoExecute"}

@@ -18,7 +18,7 @@ import kubernetes_validate
 import pulumi
 import pytest
 
-from components import rendezvous
+from components import node_quarantine, rendezvous
 from components import stack as program
 from components.settings import SettingsError
 from components.settings_parser import settings_warnings
@@ -140,13 +140,14 @@ def test_the_vpc_cni_enforces_network_policies(recording: Recording):
 
 def test_workers_run_as_the_images_user_without_privilege(recording: Recording):
     """Non-root as training/Dockerfile's user, no escalation, no capability (EFA needs the device
-    plugin's devices and the node's memlock limit, not IPC_LOCK), seccomp, no token."""
+    plugin's devices and the node's memlock limit, not IPC_LOCK), seccomp; the only token is the
+    quarantine account's, which may add one taint to its own node (tests/infra/test_node_quarantine.py)."""
     template = worker(job_of(recording))["template"]["spec"]
     image_uid = int(re.search(r"^ARG APP_UID=(\d+)$", DOCKERFILE.read_text(), re.MULTILINE)[1])
     pod = template["securityContext"]
     assert pod["runAsNonRoot"] is True and pod["runAsUser"] == image_uid == pod["runAsGroup"]
     assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert template["automountServiceAccountToken"] is False
+    assert template["serviceAccountName"] == node_quarantine.SERVICE_ACCOUNT
     for c in template["containers"]:
         ctx = c["securityContext"]
         assert ctx["allowPrivilegeEscalation"] is False and not ctx.get("privileged"), c["name"]

@@ -6,10 +6,13 @@ pod's grace period (30 s by default). torchrun's agent answers SIGTERM by sendin
 workers and waiting up to its shutdown timeout (30 s) before SIGKILL. Left to Python's default,
 a worker dies at once and the steps since the last checkpoint are lost.
 
-With `TerminationRequest` installed, SIGTERM only sets a flag. After every step the ranks agree
-(one tiny all-reduce, after the step's results are read, so it adds no wait) whether any of them
-was asked to stop: a node reclaimed alone stops every rank at the same step. Then the loop
-saves that step's checkpoint (unless it just saved it), completes it, and the process exits with
+With `TerminationRequest` installed, SIGTERM only sets a flag. Every step carries the flag summed
+over the ranks (one tiny all-reduce queued behind the step, read with the step's loss:
+training/step_queue.py), so every rank learns at the same step whether any of them was asked to
+stop, and a node reclaimed alone stops every rank at the same step. The loop reads a step while
+the next one runs, so it stops after the step queued when it reads the flag, one or two steps
+after the signal; it saves that step's checkpoint (unless it just saved it), completes it, and
+the process exits with
 `EXIT_CODE` (128 + SIGTERM, as a process killed by it): torchrun, the PyTorchJob's restart
 policy or the next submission starts again from that step. Before the loop (loading, compiling)
 the default action stands: there is no progress to save yet.
@@ -24,10 +27,6 @@ from __future__ import annotations
 import logging
 import signal
 
-import torch
-
-from training.dist import all_sum
-
 log = logging.getLogger(__name__)
 
 EXIT_CODE = 128 + signal.SIGTERM
@@ -36,8 +35,8 @@ PyTorchJob's restart policy, so the job resumes instead of counting as done."""
 
 
 class TerminationRequest:
-    """SIGTERM sets `signalled` while installed (see the module docstring); `agreed` asks
-    every rank. A context manager: the previous handler is restored on exit."""
+    """SIGTERM sets `signalled` while installed (see the module docstring). A context
+    manager: the previous handler is restored on exit."""
 
     def __init__(self) -> None:
         self.signalled = False
@@ -53,10 +52,6 @@ class TerminationRequest:
     def __exit__(self, *exc) -> None:
         # None: the previous handler was not set from Python; the default is what stood.
         signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
-
-    def agreed(self, device: torch.device) -> bool:
-        """Whether any rank has been sent SIGTERM (a collective: every rank calls it)."""
-        return all_sum(int(self.signalled), device) > 0
 
 
 class Terminated(Exception):

@@ -304,6 +304,17 @@ phasel3() {  # the Llama-3 shape beside torchtitan's llama3 8B flavor: one profi
   l3pairs packed full
 }
 
+phasel3grad() {  # the fused loss with one logit-gradient matmul per group: the three Llama-3
+  # pairs (one profiled step of ours), then the fine-tune itself on samsum-shaped packed rows
+  # (finetune_packed.py: 16 layers, batch 2, FlexAttention, 30 steps) beside the packed bench
+  versions
+  OURS_FLAGS="--profile-steps 1" l3pairs none
+  l3pairs packed full
+  run_limited ft-l3-16l-packed 200 env SHAPE=llama3-8b PATHS=flex BATCH=2 STEPS=30 \
+    $PY benchmarks/finetune_packed.py /tmp/ft "$WORK/json" 16
+  grep -h "^flex" "$LOG" | tail -1
+}
+
 "phase$PHASE"
 pack
 echo "--- phase $PHASE done at $(elapsed) s"

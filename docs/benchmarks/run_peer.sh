@@ -315,6 +315,15 @@ phasel3grad() {  # the fused loss with one logit-gradient matmul per group: the 
   grep -h "^flex" "$LOG" | tail -1
 }
 
+phasel3harness() {  # a second harness's settings on torchtitan's side (its metrics logging,
+  # a host sync, every 5 steps; 10 warm-up and 20 timed steps): the Llama-2 pairs with the
+  # grouped loss gradients first (team harness), then the Llama-3 pairs with --log-freq 5
+  versions
+  WARMUP=10
+  pairs none fp8 packed
+  TITAN_FLAGS="--log-freq 5" l3pairs none packed
+}
+
 "phase$PHASE"
 pack
 echo "--- phase $PHASE done at $(elapsed) s"

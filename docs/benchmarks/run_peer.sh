@@ -324,6 +324,10 @@ phasel3harness() {  # a second harness's settings on torchtitan's side (its metr
   TITAN_FLAGS="--log-freq 5" l3pairs none packed
 }
 
+phasel3third() {  # a third sample of the Llama-3 16-layer pair without AC (the team harness)
+  l3pairs none
+}
+
 "phase$PHASE"
 pack
 echo "--- phase $PHASE done at $(elapsed) s"

@@ -78,3 +78,30 @@ def test_float8_recipes_are_forecast_at_their_measured_speed():
         f = forecast(SEVEN, job(*base, "--float8-recipe", recipe), p5, 1, 8)
         assert f.tokens_per_s_per_gpu / tensorwise == pytest.approx(
             speed[f"ours-16l-fp8-{recipe}"] / speed["ours-16l-fp8"], rel=1e-3)
+
+
+def test_the_llama3_shape_is_forecast_at_its_measured_mfu():
+    """Checked against the one-H200 call (docs/benchmarks/h200-llama3/call3: 16 layers of each
+    shape, no AC, compile, same call): the forecast MFU of Llama-3-8B over Llama-2-7B's is the
+    measured MFU ratio, read from the two JSONs."""
+    import json
+    from pathlib import Path
+
+    from training.shapes import flops_per_token
+
+    call = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "h200-llama3" / "call3"
+    mfu = {json.loads(p.read_text())["tag"]: json.loads(p.read_text())["perf/mfu_pct"]
+           for p in call.glob("ours-*16l-none-*.json")}
+    eight = model_shape("meta-llama/Meta-Llama-3-8B", None)
+    argv = ("--activation-checkpointing", "none", "--compile", "--seq-len", "4096")
+    p5 = PROFILES["p5"]
+
+    def forecast_mfu(shape, model):
+        f = forecast(shape, C.parse_args(["--model", model, "--batch-size", "2", *argv]), p5, 1, 8)
+        flops = flops_per_token(shape.parameters - shape.vocab * shape.hidden, shape.layers,
+                                shape.hidden, 4096)
+        return f.tokens_per_s_per_gpu * flops
+
+    ratio = forecast_mfu(eight, "meta-llama/Meta-Llama-3-8B") / forecast_mfu(
+        SEVEN, "meta-llama/Llama-2-7b-hf")
+    assert ratio == pytest.approx(mfu["ours-l3-16l-none"] / mfu["ours-16l-none"], rel=1e-3)

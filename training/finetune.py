@@ -55,6 +55,7 @@ from training.optim import build_optimizer, build_scheduler, set_horizon
 from training.parallel import DTYPES, Parallelism, build_mesh, compute_dtype, parallelize
 from training.preflight import check_inputs
 from training.reporting import MetricsLogger
+from training.step_queue import StepQueue
 from training.termination import EXIT_CODE as TERMINATED_EXIT_CODE
 from training.termination import Terminated, TerminationRequest
 
@@ -176,22 +177,20 @@ def _micro_batches(run: _Run, device: torch.device) -> list[tuple[torch.Tensor, 
     return [batch_to_device(run.data.batch(i), device) for i in indices]
 
 
-def _step(cfg: JobConfig, run: _Run, step: int, flops_token: float, peak: float | None,
-          env: DistEnv) -> dict:
-    """Optimizer step `step`, timed; its metrics."""
+def _queue_step(cfg: JobConfig, run: _Run, queue: StepQueue, step: int, env: DistEnv,
+                termination: TerminationRequest) -> dict:
+    """Queue optimizer step `step` on the device (nothing waits for the GPU); what the host
+    knows of it already: the fields of its metrics record that are not read from the device."""
     if run.ckpt:
         run.ckpt.poll()  # completes a background save once every rank has written it
-    started = time.perf_counter()
     lr = run.optimizer.param_groups[0]["lr"]
-    loss, grad_norm = (float(t) for t in train_step(
-        run.model, run.parallel, run.optimizer, run.scheduler, _micro_batches(run, env.device),
-        cfg.optim.max_grad_norm, env))
-    elapsed = time.perf_counter() - started
+    start = queue.start()
+    loss, grad_norm = train_step(run.model, run.parallel, run.optimizer, run.scheduler,
+                                 _micro_batches(run, env.device), cfg.optim.max_grad_norm, env)
+    queue.push(step, start, loss, grad_norm, termination.signalled)
     tokens = run.sampler.global_batch * cfg.data.seq_len
     run.state.step, run.state.tokens_seen = step, run.state.tokens_seen + tokens
-    return step_metrics(step=step, epoch=run.state.epoch, loss=loss, lr=lr, grad_norm=grad_norm,
-                        tokens=tokens, step_time_s=elapsed, world_size=env.world_size,
-                        flops_token=flops_token, peak=peak, device=env.device)
+    return {"epoch": run.state.epoch, "lr": lr, "tokens": tokens}
 
 
 def _stop_if_not_finite(record: dict, ckpt: Checkpointer | None) -> None:
@@ -224,29 +223,52 @@ def _stop_on_termination(run: _Run, out: MetricsLogger, step: int, saved: bool) 
 
 def _train(cfg: JobConfig, run: _Run, out: MetricsLogger, flops_token: float, env: DistEnv,
            faults: Faults | None, termination: TerminationRequest) -> list[dict] | None:
-    """The loop: step, evaluate and checkpoint when they are due, report, stop on SIGTERM
-    (`_stop_on_termination`). Returns the steps' metrics, or None where a test's fault hook
-    stopped the run."""
+    """The loop: queue a step, then read the step before it (training/step_queue.py: the GPU
+    runs the new step meanwhile) and report it. Before a step is evaluated or saved, after the
+    last step and at a test's fault stop, every queued step is read first, so that a loss or
+    gradient norm that is not finite stops the run before those weights are used
+    (`_stop_if_not_finite`). A SIGTERM seen in a step's numbers stops the run after the newest
+    queued step, saved (`_stop_on_termination`). Returns the steps' metrics, or None where a
+    test's fault hook stopped the run."""
     peak = peak_flops(env.device)
     history: list[dict] = []
+    queue = StepQueue(env.device)
+    known: dict[int, dict] = {}  # by step: what `_queue_step` knew on the host
+    terminate = False
+
+    def read(keep: int) -> None:
+        nonlocal terminate
+        while len(queue) > keep:
+            result = queue.pop()
+            host = known.pop(result.step)
+            history.append(step_metrics(
+                step=result.step, epoch=host["epoch"], loss=result.loss, lr=host["lr"],
+                grad_norm=result.grad_norm, tokens=host["tokens"],
+                step_time_s=result.step_time_s, world_size=env.world_size,
+                flops_token=flops_token, peak=peak, device=env.device))
+            out.step(history[-1])
+            _stop_if_not_finite(history[-1], run.ckpt)
+            terminate = terminate or result.terminate
+
     for step in range(run.state.step + 1, run.total + 1):
-        history.append(_step(cfg, run, step, flops_token, peak, env))
-        out.step(history[-1])
-        _stop_if_not_finite(history[-1], run.ckpt)
+        known[step] = _queue_step(cfg, run, queue, step, env, termination)
         evaluated = run.evaluator.due(step, run.total, run.state.offset)
+        saved = run.ckpt is not None and run.ckpt.due(step, run.total, evaluated)
+        fault_stop = faults is not None and faults.stop_after(step)
+        read(keep=0 if evaluated or saved or fault_stop or step == run.total else 1)
         if evaluated:
             out.eval(run.evaluator(run.model, step, run.state.epoch))
-        saved = run.ckpt is not None and run.ckpt.due(step, run.total, evaluated)
         if saved:
             run.ckpt.save(step, run.model, run.optimizer, run.state,
                           {EVAL_LOSS_KEY: run.evaluator.records[-1]["eval/loss"]}
                           if evaluated else {})
             out.checkpoint()
-        if faults and faults.stop_after(step):
+        if fault_stop:
             if run.ckpt:
                 run.ckpt.close()
             return None
-        if termination.agreed(env.device):
+        if terminate:
+            read(keep=0)
             _stop_on_termination(run, out, step, saved)
     return history
 

@@ -9,14 +9,18 @@ Two implementations of the output head + loss:
 - ``fused`` (default): a chunked linear + cross-entropy (`fused_linear_cross_entropy`) that never
   materialises the [tokens, vocab] logits of the whole batch. It walks the tokens in equal
   chunks of at most `CHUNK_ELEMENTS / vocab` rows and, for each chunk, computes the logits (bf16
-  matmul, upcast to fp32 as the plain path does), the loss and, already in forward, the
-  gradients of the loss sum with respect to the hidden states and the head's weight (softmax -
-  one-hot, cast back to the compute dtype as autograd would; that arithmetic compiled on CUDA
-  when the layers are). Backward only scales those by the incoming gradient.
-  Same three matmuls as the plain path, no recomputation; peak extra memory one chunk of logits
-  plus the two gradients, instead of bf16 logits + fp32 logits + fp32 log-softmax + fp32 and bf16
-  gradients of the whole batch (at 3 x 4096 tokens and Llama 2's 32,000-word vocabulary: about
-  0.6 GB instead of about 4-5 GB). Same idea as Liger-Kernel's fused linear cross-entropy, in
+  matmul, upcast to fp32 as the plain path does), the loss and the gradient of the loss sum with
+  respect to the logits (softmax - one-hot, cast back to the compute dtype as autograd would;
+  that arithmetic compiled on CUDA when the layers are). The logit gradients of a group of
+  chunks (at most `GRAD_ELEMENTS`) are kept in bf16, and the gradients with respect to the
+  hidden states and the head's weight are one matmul each over the group, already in forward.
+  Backward only scales those by the incoming gradient. Same three matmuls as the plain path, no
+  recomputation; peak extra memory one fp32 chunk, the group's bf16 logit gradients and the two
+  gradients, instead of bf16 logits + fp32 logits + fp32 log-softmax + fp32 and bf16 gradients
+  of the whole batch (at 3 x 4096 tokens and Llama 2's 32,000-word vocabulary: about 1.4 GB
+  instead of about 4-5 GB). One matmul per group and not per chunk: at Llama 3's 128,256-word
+  vocabulary a weight gradient per chunk summed in fp32 cost a 17 ms fp32 addition kernel of a
+  405 ms step (16 layers, 2 x 4,096 tokens, H200; docs/benchmarks/h200-llama3/). Same idea as Liger-Kernel's fused linear cross-entropy, in
   plain PyTorch.
 - ``plain``: the Hugging Face head, `.float()` on the full logits, `F.cross_entropy`.
 """
@@ -35,6 +39,12 @@ from training.dataset import IGNORE_INDEX
 CHUNK_ELEMENTS = 2**27
 """Most logits per chunk of the fused loss (512 MiB in fp32): 3 chunks of 4,096 tokens for
 3 x 4,096 tokens at a 32,000 vocabulary."""
+
+GRAD_ELEMENTS = 2**30
+"""Most logit gradients the fused loss holds at once (2 GiB in bf16): the gradients of the
+hidden states and of the head's weight are then one matmul each over the group instead of one
+per chunk. 2 x 4,096 tokens at Llama 3's 128,256-word vocabulary are one group (1.05e9); a
+larger batch takes several, whose weight gradients are summed in fp32."""
 
 
 def chunk_loss_and_grad(logits: torch.Tensor, labels: torch.Tensor
@@ -67,37 +77,51 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                chunk: int, chunk_loss) -> torch.Tensor:
+                chunk: int, group: int, chunk_loss) -> torch.Tensor:
         n = hidden.shape[0]
         grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        summed = None if group >= n else torch.zeros(weight.shape, dtype=torch.float32,
+                                                     device=weight.device)
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        for start in range(0, n, chunk):
-            h = hidden[start:start + chunk]
-            chunk_sum, grad = chunk_loss(h @ weight.t(), labels[start:start + chunk])
-            loss += chunk_sum
-            torch.mm(grad, weight, out=grad_hidden[start:start + chunk])
-            grad_weight += grad.t() @ h  # summed in fp32 (type promotion: no fp32 copy)
-            del grad
-        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+        for first in range(0, n, group):
+            h = hidden[first:first + group]
+            grad_logits = torch.empty((h.shape[0], weight.shape[0]), dtype=hidden.dtype,
+                                      device=hidden.device)
+            for start in range(0, h.shape[0], chunk):
+                chunk_sum, grad = chunk_loss(h[start:start + chunk] @ weight.t(),
+                                             labels[first + start:first + start + chunk])
+                loss += chunk_sum
+                grad_logits[start:start + chunk] = grad
+                del grad
+            torch.mm(grad_logits, weight, out=grad_hidden[first:first + group])
+            grad_weight = grad_logits.t() @ h  # one product over the group, fp32 accumulation
+            del grad_logits
+            if summed is not None:
+                summed += grad_weight  # summed in fp32 (type promotion: no fp32 copy)
+        if summed is not None:
+            grad_weight = summed.to(weight.dtype)
+        ctx.save_for_backward(grad_hidden, grad_weight)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
         grad_hidden, grad_weight = ctx.saved_tensors
         scale = grad_loss.to(grad_hidden.dtype)
-        return grad_hidden * scale, grad_weight * scale, None, None, None
+        return grad_hidden * scale, grad_weight * scale, None, None, None, None
 
 
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor,
                                labels: torch.Tensor, chunk_loss=chunk_loss_and_grad
                                ) -> torch.Tensor:
     """Summed cross-entropy of `hidden @ weight.T` against `labels` (any leading shape), in
-    chunks of equal size (at most CHUNK_ELEMENTS logits each)."""
+    chunks of equal size (at most CHUNK_ELEMENTS logits each), their gradients gathered in
+    groups of whole chunks (at most GRAD_ELEMENTS logits each, or one chunk)."""
     h = hidden.reshape(-1, hidden.shape[-1])
     y = labels.reshape(-1)
     chunks = max(1, -(-h.shape[0] * weight.shape[0] // CHUNK_ELEMENTS))
-    return _FusedLinearCrossEntropy.apply(h, weight, y, -(-h.shape[0] // chunks), chunk_loss)
+    chunk = -(-h.shape[0] // chunks)
+    group = chunk * max(1, GRAD_ELEMENTS // (chunk * weight.shape[0]))
+    return _FusedLinearCrossEntropy.apply(h, weight, y, chunk, group, chunk_loss)
 
 
 def _loss_forward(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor,

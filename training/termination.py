@@ -12,13 +12,15 @@ handles it (before, a rank whose handler was not yet installed died outright and
 failed with a connection reset traceback). During the setup (data, node check, model, resume)
 there is no progress to save: SIGTERM raises `Terminated` at once on the rank that gets it, and
 the worker exits with `EXIT_CODE` and one line. Once the loop starts (`defer`), SIGTERM only
-sets a flag. After every step the ranks agree (one tiny all-reduce, after the step's results
-are read, so it adds no wait) whether any of them was asked to stop: a node reclaimed alone
-stops every rank at the same step. Then the loop saves that step's checkpoint (unless it just
-saved it), completes it, and the process exits with `EXIT_CODE` (128 + SIGTERM, as a process
-killed by it): torchrun, the PyTorchJob's restart policy or the next submission starts again
-from that step. An error on a rank that was sent SIGTERM (a peer that stopped first, a
-collective cut short) ends the same way: the signal is the cause, not the error.
+sets a flag. Every step carries the flag summed over the ranks (one tiny all-reduce queued
+behind the step, read with the step's loss: training/step_queue.py), so every rank learns at the
+same step whether any of them was asked to stop, and a node reclaimed alone stops every rank at
+the same step. The loop reads a step while the next one runs, so it stops after the step queued
+when it reads the flag, one or two steps after the signal; it saves that step's checkpoint
+(unless it just saved it), completes it, and the process exits with `EXIT_CODE` (128 + SIGTERM,
+as a process killed by it): torchrun, the PyTorchJob's restart policy or the next submission
+starts again from that step. An error on a rank that was sent SIGTERM (a peer that stopped
+first, a collective cut short) ends the same way: the signal is the cause, not the error.
 
 torchrun itself re-raises the signal as a traceback and exits 1: training/launch.py is torchrun
 ending with one line and 128 + the signal, what the job's pods run.
@@ -33,10 +35,6 @@ from __future__ import annotations
 import logging
 import signal
 
-import torch
-
-from training.dist import all_sum
-
 log = logging.getLogger(__name__)
 
 EXIT_CODE = 128 + signal.SIGTERM
@@ -46,8 +44,7 @@ PyTorchJob's restart policy, so the job resumes instead of counting as done."""
 
 class TerminationRequest:
     """SIGTERM sets `signalled` while installed, and until `defer` also raises `Terminated`
-    (see the module docstring); `agreed` asks every rank. A context manager: the previous
-    handler is restored on exit."""
+    (see the module docstring). A context manager: the previous handler is restored on exit."""
 
     def __init__(self) -> None:
         self.signalled = False
@@ -72,10 +69,6 @@ class TerminationRequest:
     def __exit__(self, *exc) -> None:
         # None: the previous handler was not set from Python; the default is what stood.
         signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
-
-    def agreed(self, device: torch.device) -> bool:
-        """Whether any rank has been sent SIGTERM (a collective: every rank calls it)."""
-        return all_sum(int(self.signalled), device) > 0
 
 
 class Terminated(Exception):

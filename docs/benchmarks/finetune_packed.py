@@ -5,8 +5,9 @@ batch 3, no AC, compile, 25 steps, once per --packed-attention path in the same 
 
     PYTHONPATH=. python docs/benchmarks/finetune_packed.py WORK OUT [LAYERS [HIDDEN]]
 
-Environment: PATHS (default "flex sdpa"), PRECISION (bf16), STEPS (25), SEQ (4096), BATCH (3),
-COMPILE (1). Prints the mean tokens/s/GPU of steps 6-25 and the slowest step over the median;
+Environment: SHAPE (llama2-7b; llama3-8b: 8 KV heads and a 128,256-row embedding and head, the
+byte tokenizer standing in for Llama 3's, whose ids the records do not need), PATHS (default
+"flex sdpa"), PRECISION (bf16), STEPS (25), SEQ (4096), BATCH (3), COMPILE (1). Prints the mean tokens/s/GPU of steps 6-25 and the slowest step over the median;
 the metrics JSON lines and logs land in OUT. LAYERS/HIDDEN shrink the model for a CPU try-out."""
 import json, os, random, subprocess, sys, time
 
@@ -29,7 +30,7 @@ if not os.path.exists(os.path.join(model, "config.json")):
     from transformers import LlamaConfig, LlamaForCausalLM
     from training import tiny
     from training.bench import SHAPES
-    shape = dict(SHAPES["llama2-7b"])
+    shape = dict(SHAPES[os.environ.get("SHAPE", "llama2-7b")])
     if len(sys.argv) > 4:
         shape.update(hidden_size=int(sys.argv[4]), intermediate_size=int(sys.argv[4]) * 2, num_attention_heads=4, num_key_value_heads=4)
     shape["num_hidden_layers"] = layers

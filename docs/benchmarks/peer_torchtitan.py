@@ -7,7 +7,8 @@ of a bench JSON that the comparison reads.
 
 What is torchtitan's: `torchtitan.train.Trainer` (0.2.2, carried as a wheel) builds the model
 (its llama3 `Transformer` at the Llama-2-7B shape: dim 4096, 32 heads, 32 KV heads, FFN 11008,
-vocabulary 32,000), applies its own `parallelize_llama` (AC, compile per block and of the
+vocabulary 32,000; with `--shape llama3-8b` its own `8B` flavor: 8 KV heads, FFN 14,336,
+vocabulary 128,256, RoPE theta 500,000), applies its own `parallelize_llama` (AC, compile per block and of the
 loss, FSDP2 when more than one GPU; bf16 autocast over fp32 weights on one GPU), its
 fused AdamW, clipping, loss and `train_step`; float8 is its `quantize.linear.float8` converter
 with its recommended settings (tensorwise, float8 all-gather and precomputed scales under
@@ -16,7 +17,8 @@ generator as `training.bench`: seed x 1000 + rank, (batch, seq + 1) per micro-ba
 its tokenizer and dataset (which would need a download), and the timing loop: `--warmup` steps
 (the first included), then `--steps` steps with no host sync between them, CUDA events at the
 step boundaries, one wall-clock interval for the mean, exactly as `training.bench`. Its
-metrics logging (a host sync) runs at step 1 only (`metrics.log_freq` past the run). The
+metrics logging (a host sync) runs at step 1 only (`metrics.log_freq` past the run), or every
+`--log-freq` steps. The
 optimizer settings are the package's defaults (lr 2e-5, 10 warm-up steps, betas 0.9/0.95,
 eps 1e-8, no weight decay, clipping at 1.0).
 
@@ -34,6 +36,7 @@ on the GPU machine, so a stub module stands in (nothing of it is called).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -67,6 +70,10 @@ def _stub_datasets() -> None:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="peer_torchtitan.py")
+    p.add_argument("--shape", choices=("llama2-7b", "llama3-8b"), default="llama2-7b",
+                   help="llama2-7b: torchtitan's llama3 Transformer at the Llama-2-7B shape; "
+                        "llama3-8b: its own 8B flavor (8 KV heads, FFN 14,336, vocabulary "
+                        "128,256), layers cut to --layers")
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=3)
     p.add_argument("--seq-len", type=int, default=4096)
@@ -86,6 +93,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="torchtitan's attention for --doc-lengths: FlexAttention with its "
                         "document mask, or varlen attention (cumulative lengths from the EOS "
                         "tokens)")
+    p.add_argument("--log-freq", type=int, default=10**6,
+                   help="torchtitan's metrics logging (a host sync) every this many steps; "
+                        "the default is past the run (step 1 only)")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="after the timed steps, profile this many (torch.profiler) and write the "
                         "Chrome trace beside the JSON, as training.bench does")
@@ -110,7 +120,7 @@ def job_config(args: argparse.Namespace, flavor: str):
     cfg.optimizer.weight_decay = 0.0
     cfg.optimizer.implementation = "fused"
     cfg.lr_scheduler.warmup_steps = 10
-    cfg.metrics.log_freq = 10**6
+    cfg.metrics.log_freq = args.log_freq
     cfg.metrics.enable_tensorboard = False
     cfg.activation_checkpoint.mode = args.ac
     cfg.compile.enable = args.compile
@@ -138,14 +148,18 @@ def main(argv: list[str] | None = None) -> int:
     from torchtitan.train import Trainer
 
     init_logger()
-    flavor = f"llama2_7b_{args.layers}l"
+    flavor = f"{args.shape.replace('-', '_')}_{args.layers}l"
     packed = args.doc_lengths is not None
     attention = (dict(attn_type=args.attn, attn_mask_type="block_causal") if packed else {})
-    llama3.llama3_args[flavor] = TransformerModelArgs(
-        dim=4096, n_layers=args.layers, n_heads=32, n_kv_heads=32, vocab_size=32000,
-        multiple_of=256, rope_theta=10000, norm_eps=1e-5, **attention)
+    if args.shape == "llama3-8b":  # torchtitan's own flavor, its layers cut
+        llama3.llama3_args[flavor] = dataclasses.replace(
+            llama3.llama3_args["8B"], n_layers=args.layers, **attention)
+    else:
+        llama3.llama3_args[flavor] = TransformerModelArgs(
+            dim=4096, n_layers=args.layers, n_heads=32, n_kv_heads=32, vocab_size=32000,
+            multiple_of=256, rope_theta=10000, norm_eps=1e-5, **attention)
     rank = int(os.environ.get("RANK", "0"))
-    vocab = 32000
+    vocab = llama3.llama3_args[flavor].vocab_size
 
     def random_tokens(dp_world_size, dp_rank, tokenizer, job_config, **_):
         gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
@@ -164,8 +178,6 @@ def main(argv: list[str] | None = None) -> int:
                 yield {"input": t[:, :-1]}, t[:, 1:]
 
         return batches()
-
-    import dataclasses
 
     def eos_only_tokenizer(_job_config):  # all torchtitan's block-causal masks read of it
         from training.bench import EOS_ID
@@ -232,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "tag": args.tag, "status": "ok", "runner": "torchtitan",
         "torchtitan": torchtitan.__version__,
-        "model": {"params": n_total, "params_without_embedding": n_total - n_embedding,
+        "model": {"shape": args.shape, "params": n_total, "params_without_embedding": n_total - n_embedding,
                   "layers": m.n_layers, "hidden": m.dim, "vocab": m.vocab_size},
         "run/seq_len": args.seq_len, "run/gpus": world,
         "batch": {"per_gpu_sequences": args.batch_size, "per_gpu_tokens": tokens},
@@ -242,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         "strategy": ("FULL_SHARD (fully_shard)" if trainer.parallel_dims.fsdp_enabled
                      else "none: bf16 autocast over fp32 weights"),
         "versions": {"torch": torch.__version__, "cuda": torch.version.cuda},
-        "steps": {"warmup": args.warmup, "timed": args.steps},
+        "steps": {"warmup": args.warmup, "timed": args.steps, "log_freq": args.log_freq},
         "run/flops_per_token": flops_token,
         "perf/tokens_per_s_per_gpu": per_gpu,
         "perf/mfu_pct": 100.0 * per_gpu * flops_token / 989.5e12,

@@ -41,11 +41,13 @@ ours() {  # NAME LIMIT FLAGS...
   run_limited "$name" "$limit" $PY -m torch.distributed.run --standalone --nproc-per-node 1 \
     -m training.bench --tag "$name" --out "$WORK/json" --bench-warmup "$WARMUP" "$@"
 }
+TITAN_SHAPE="--batch-size 3 --seq-len 4096 --steps 10"  # torchtitan's side of $SHAPE
 titan() {  # NAME LIMIT FLAGS...
   local name=$1 limit=$2; shift 2
+  # shellcheck disable=SC2086
   run_limited "$name" "$limit" $PY -m torch.distributed.run --standalone --nproc-per-node 1 \
-    benchmarks/peer_torchtitan.py --tag "$name" --out "$WORK/json" --batch-size 3 --seq-len 4096 \
-    --steps 10 --warmup "$WARMUP" "$@"
+    benchmarks/peer_torchtitan.py --tag "$name" --out "$WORK/json" $TITAN_SHAPE \
+    --warmup "$WARMUP" "$@"
 }
 
 versions() {  # the GPU and the software, into the log
@@ -272,6 +274,58 @@ phasewarm() {  # 10 warm-up steps on both sides (the clock settles: phase clocks
   pairs fp8 none packed
   ours ours-16l-fp8-2 100 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8
   pairs full
+}
+
+llama3() {  # the Llama-3-8B shape (8 KV heads, vocabulary 128,256), batch 2 x 4,096, 20 timed
+  # steps after 10 warm-up steps on both sides; torchtitan its own 8B flavor cut to the layers
+  SHAPE="--shape llama3-8b --seq-len 4096 --batch-size 2 --bench-steps 20"
+  TITAN_SHAPE="--shape llama3-8b --batch-size 2 --seq-len 4096 --steps 20"
+  WARMUP=10
+}
+
+l3pairs() {  # as `pairs`, on the Llama-3 shape: none (16 layers, no AC), packed (16 layers,
+  # samsum-like packed rows, block-causal FlexAttention both sides), full (32 layers, full AC)
+  llama3
+  local setup; for setup in "$@"; do case $setup in
+    none) ours ours-l3-16l-none 110 $SHAPE --layers 16 --activation-checkpointing none --compile ${OURS_FLAGS:-}
+          titan titan-l3-16l-none 110 --layers 16 --ac none ${TITAN_FLAGS:-} ;;
+    packed) ours ours-l3-16l-packed-flex 110 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED ${OURS_FLAGS:-}
+            titan titan-l3-16l-packed-flex 130 --layers 16 --ac none $PACKED --attn flex ${TITAN_FLAGS:-} ;;
+    full) ours ours-l3-32l-full 130 $SHAPE --activation-checkpointing full --compile
+          titan titan-l3-32l-full 130 --layers 32 --ac full ;;
+  esac; done
+}
+
+phasel3() {  # the Llama-3 shape beside torchtitan's llama3 8B flavor: one profiled step of each
+  # side without AC (where the time goes), the packed pair, then 32 layers with full AC
+  versions
+  $PY -c 'from torch import nn; print("nn.LinearCrossEntropyLoss:", hasattr(nn, "LinearCrossEntropyLoss"))' 2>&1 | tee -a "$LOG"
+  OURS_FLAGS="--profile-steps 1" TITAN_FLAGS="--profile-steps 1" l3pairs none
+  l3pairs packed full
+}
+
+phasel3grad() {  # the fused loss with one logit-gradient matmul per group: the three Llama-3
+  # pairs (one profiled step of ours), then the fine-tune itself on samsum-shaped packed rows
+  # (finetune_packed.py: 16 layers, batch 2, FlexAttention, 30 steps) beside the packed bench
+  versions
+  OURS_FLAGS="--profile-steps 1" l3pairs none
+  l3pairs packed full
+  run_limited ft-l3-16l-packed 200 env SHAPE=llama3-8b PATHS=flex BATCH=2 STEPS=30 \
+    $PY benchmarks/finetune_packed.py /tmp/ft "$WORK/json" 16
+  grep -h "^flex" "$LOG" | tail -1
+}
+
+phasel3harness() {  # a second harness's settings on torchtitan's side (its metrics logging,
+  # a host sync, every 5 steps; 10 warm-up and 20 timed steps): the Llama-2 pairs with the
+  # grouped loss gradients first (team harness), then the Llama-3 pairs with --log-freq 5
+  versions
+  WARMUP=10
+  pairs none fp8 packed
+  TITAN_FLAGS="--log-freq 5" l3pairs none packed
+}
+
+phasel3third() {  # a third sample of the Llama-3 16-layer pair without AC (the team harness)
+  l3pairs none
 }
 
 "phase$PHASE"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from components.planning.forecast import forecast, idle_tail_line
@@ -10,6 +13,7 @@ from components.planning.memory_fit import model_shape
 from components.stack import preview_line
 from tests.harness import parse, raw_settings
 from training import config as C
+from training.shapes import flops_per_token
 
 SEVEN = model_shape("meta-llama/Llama-2-7b-hf", None)
 
@@ -112,3 +116,25 @@ def test_an_existing_clusters_nodes_are_priced_by_the_hour():
     price, never a delay."""
     tail = idle_tail_line(55.04, 2, None, reservation=False)
     assert "$110.08/h for 2" in tail and "min x" not in tail
+
+
+def test_the_llama3_shape_is_forecast_at_its_measured_mfu():
+    """Checked against the one-H200 call (docs/benchmarks/h200-llama3/call3: 16 layers of each
+    shape, no AC, compile, same call): the forecast MFU of Llama-3-8B over Llama-2-7B's is the
+    measured MFU ratio, read from the two JSONs."""
+    call = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "h200-llama3" / "call3"
+    mfu = {json.loads(p.read_text())["tag"]: json.loads(p.read_text())["perf/mfu_pct"]
+           for p in call.glob("ours-*16l-none-*.json")}
+    eight = model_shape("meta-llama/Meta-Llama-3-8B", None)
+    argv = ("--activation-checkpointing", "none", "--compile", "--seq-len", "4096")
+    p5 = PROFILES["p5"]
+
+    def forecast_mfu(shape, model):
+        f = forecast(shape, C.parse_args(["--model", model, "--batch-size", "2", *argv]), p5, 1, 8)
+        flops = flops_per_token(shape.parameters - shape.vocab * shape.hidden, shape.layers,
+                                shape.hidden, 4096)
+        return f.tokens_per_s_per_gpu * flops
+
+    ratio = forecast_mfu(eight, "meta-llama/Meta-Llama-3-8B") / forecast_mfu(
+        SEVEN, "meta-llama/Llama-2-7b-hf")
+    assert ratio == pytest.approx(mfu["ours-l3-16l-none"] / mfu["ours-16l-none"], rel=1e-3)

@@ -20,16 +20,19 @@ def _reference(hidden, weight, labels):
     return value, h.grad, w.grad
 
 
-@pytest.mark.parametrize("chunk_elements,compiled", [
-    (2**27, False),  # one chunk
-    (200, False),    # many chunks, ragged tail
-    (200, True),     # the same through the compiled per-chunk arithmetic (Inductor's CPU backend)
+@pytest.mark.parametrize("chunk_elements,grad_elements,compiled", [
+    (2**27, 2**30, False),  # one chunk
+    (200, 2**30, False),    # many chunks, ragged tail, one group of gradients
+    (200, 1000, False),     # many chunks in several groups (5 chunks of 4 rows each), ragged
+    (200, 2**30, True),     # the compiled per-chunk arithmetic (Inductor's CPU backend)
 ])
-def test_fused_matches_plain_float64(monkeypatch, chunk_elements, compiled):
+def test_fused_matches_plain_float64(monkeypatch, chunk_elements, grad_elements, compiled):
     """Loss and both gradients (with an upstream scale of 0.37, as train_step applies) agree
     with the float64 reference to 1e-5 relative in fp32, also when the batch spans several
-    chunks and some targets are ignored (the prompt mask), eager and compiled."""
+    chunks or several groups of logit gradients and some targets are ignored (the prompt
+    mask), eager and compiled."""
     monkeypatch.setattr(loss_mod, "CHUNK_ELEMENTS", chunk_elements)
+    monkeypatch.setattr(loss_mod, "GRAD_ELEMENTS", grad_elements)
     chunk_loss = loss_mod.compile_chunk_loss() if compiled else loss_mod.chunk_loss_and_grad
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(3, 37, 16, generator=gen, requires_grad=True)

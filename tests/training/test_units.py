@@ -473,3 +473,66 @@ def test_gpu_clock_samples_are_cut_into_the_steps_that_ran_back_to_back():
         {"sm_clock_mhz": 1000.0, "power_w": 600.0},
         {"sm_clock_mhz": 1300.0, "power_w": 675.0},
         {"sm_clock_mhz": None, "power_w": None}]
+
+
+# ----------------------------------------------------------------------------- step results
+def test_step_queue_returns_each_steps_exact_numbers_in_order(world_of_one):
+    """Checked against the values pushed: the queue hands back, oldest first, each step's fp32
+    loss and gradient norm exactly as `float()` reads them, whether any rank was sent SIGTERM
+    (summed over the ranks), and a step time from the marks around the step."""
+    from training.dist import init_distributed
+    from training.step_queue import StepQueue
+
+    env = init_distributed(60)
+    try:
+        queue = StepQueue(env.device)
+        gen = torch.Generator().manual_seed(3)
+        pushed = []
+        for step, signalled in ((1, False), (2, True), (3, False)):
+            loss, norm = torch.rand(2, generator=gen, dtype=torch.float32) * 10
+            start = queue.start()
+            queue.push(step, start, loss, norm, signalled)
+            pushed.append((step, float(loss), float(norm), signalled))
+        assert len(queue) == 3
+        popped = [queue.pop() for _ in range(3)]
+        assert [(r.step, r.loss, r.grad_norm, r.terminate) for r in popped] == pushed
+        assert all(r.step_time_s >= 0 for r in popped) and len(queue) == 0
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # pytest captures stderr
+def test_the_loop_reads_a_step_only_once_the_next_one_is_queued(monkeypatch, world_of_one,
+                                                                 tiny_cache, tmp_path):
+    """Checked against the order of the loop's calls: each step's numbers are read while the
+    next step is already queued (so the GPU has work while the host waits), except the last
+    step and a step that is saved, which are read before the save; every step is reported
+    once, in order."""
+    from tests.training.conftest import TINY_FLAGS, records_of
+    from training import finetune
+    from training.step_queue import StepQueue
+
+    order: list[tuple[str, int]] = []
+    push, pop = StepQueue.push, StepQueue.pop
+
+    def recording_push(self, step, *args):
+        order.append(("queued", step))
+        return push(self, step, *args)
+
+    def recording_pop(self):
+        result = pop(self)
+        order.append(("read", result.step))
+        return result
+
+    monkeypatch.setattr(StepQueue, "push", recording_push)
+    monkeypatch.setattr(StepQueue, "pop", recording_pop)
+    metrics = tmp_path / "metrics.jsonl"
+    assert finetune.main([*TINY_FLAGS, "--cache-dir", str(tiny_cache), "--max-steps", "5",
+                          "--val-fraction", "0", "--no-node-check", "--checkpoint-dir",
+                          str(tmp_path / "ckpt"), "--checkpoint-every", "3",
+                          "--metrics-file", str(metrics)]) == 0
+    assert order == [("queued", 1), ("queued", 2), ("read", 1), ("queued", 3), ("read", 2),
+                     ("read", 3), ("queued", 4), ("queued", 5), ("read", 4), ("read", 5)]
+    steps = [r for r in records_of(metrics) if "train/step" in r]
+    assert [r["train/step"] for r in steps] == [1, 2, 3, 4, 5]
+    assert all(r["perf/step_time_s"] > 0 and r["train/loss"] > 0 for r in steps)

@@ -13,7 +13,7 @@ import pulumi_kubernetes as k8s
 from components import versions
 from components.cluster import ADDON_CONFLICT_RESOLUTION
 from components.pod_identity import inline_policy, pod_identity_role
-from components.settings import MONITORING_NAMESPACE
+from components.settings import MONITORING_NAMESPACE  # noqa: F401  (re-exported: the parts read it from here)
 
 KPS_FULLNAME = "kps"
 """``fullnameOverride`` of kube-prometheus-stack: object names do not depend on the release name."""

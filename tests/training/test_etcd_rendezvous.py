@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.training.conftest import Run, two_agents
+from tests.training.conftest import Run, start, two_agents
 
 pytestmark = pytest.mark.timeout(300)
 

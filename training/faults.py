@@ -1,7 +1,7 @@
 """Fault injection for the tests, behind one seam: `from_environment()` is None unless a
-``FSDP_EKS_TEST_*`` variable is set, and the job then passes the result to the three places that
-take hooks (a point in the setup, the loop's step end, the checkpointer's files-written point). A production run
-builds no `Faults` and runs no hook code.
+``FSDP_EKS_TEST_*`` variable is set, and the job then passes the result to the four places that
+take hooks (a point in the setup, the node check's probe, the loop's step end, the
+checkpointer's files-written point). A production run builds no `Faults` and runs no hook code.
 
 - ``FSDP_EKS_TEST_STEP_DELAY_S``: sleep this many seconds after every step, so a test can act
   mid-run.

@@ -137,7 +137,7 @@ def check_gpu_health(node: str, nvml: object | None, devices: int) -> list[Resul
     errors (counted since the driver loaded; the EKS GPU AMI runs nvidia-persistenced, so that
     is since boot), retired pages pending or remapped rows pending or failed (the memory needs
     a reset or an RMA), the driver's recovery action (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``:
-    set by uncorrectable errors, e.g. Xid 48, 94, 95, 119), and a GPU NVML reports lost (Xid
+    set by uncorrectable memory errors, Xid 48, 94, 95), and a GPU NVML reports lost (Xid
     79, fallen off the bus) or needing a reset. A counter the GPU or driver does not expose
     (A100 and H100 remap rows instead of retiring pages) is left out, not failed."""
     if devices == 0:

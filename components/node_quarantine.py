@@ -45,6 +45,18 @@ def pod_api_access() -> dict:
     return {"serviceAccountName": SERVICE_ACCOUNT, "automountServiceAccountToken": True}
 
 
+def quarantine_toleration(seconds: int) -> dict:
+    """The toleration that keeps a pod on its node for ``seconds`` after the quarantine taint
+    lands, terminated or running. Without it the taint manager deletes the pod at once (also a
+    pod that already ended: it acts on every pod bound to the node), and its log with it; with
+    it, ``seconds`` after the taint manager saw the taint (``processPodOnNode``: the smallest
+    ``tolerationSeconds`` of the tolerations in use, from the time it processes the node or
+    the pod; kubernetes ``pkg/controller/tainteviction/taint_eviction.go``). Only the node
+    check's one-off pods carry it: the training workers must leave at once."""
+    return {"key": QUARANTINE_TAINT_KEY, "operator": "Exists", "effect": QUARANTINE_EFFECT,
+            "tolerationSeconds": seconds}
+
+
 def service_account_manifest(namespace: str) -> dict:
     return {"apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": {"name": SERVICE_ACCOUNT, "namespace": namespace}}

@@ -68,7 +68,7 @@ import pulumi_kubernetes as k8s
 
 from components import rendezvous
 from components.gpu_nodes import GPU_TOLERATION
-from components.node_quarantine import NodeQuarantine, NodeQuarantineArgs, pod_api_access
+from components.node_quarantine import NodeQuarantine, NodeQuarantineArgs, pod_api_access, quarantine_toleration
 from components.planning.hardware import HardwareProfile
 from components.settings import JobSettings, gpus_per_node, job_node_bounds
 from components.storage import SharedClaim
@@ -159,6 +159,10 @@ NODE_CHECK_GRACE_S = 900
 """Seconds the node check command waits beyond the check's own limit: scheduling, the image
 pull, the rendezvous."""
 NODE_CHECK_POLL_S = 10
+NODE_CHECK_LOG_HOLD_S = 3 * NODE_CHECK_POLL_S
+"""Seconds a node check pod stays on the node it quarantined, so that ``node_check_command``
+still reads its table: one poll for its processes to end and the job to be marked failed, one
+for the command's next poll to see that, one for reading the log."""
 
 
 # --------------------------------------------------------------------------- the pure builders
@@ -405,6 +409,7 @@ def pytorchjob_manifest(
                              "training.node_check" if check_only else "training.finetune", node_labels)
     if check_only:  # the PodMonitor selects the training pods' labels: not these
         template["metadata"]["labels"].update(CHECK_LABELS)
+        template["spec"]["tolerations"].append(quarantine_toleration(NODE_CHECK_LOG_HOLD_S))
     body = {
         "apiVersion": API_VERSION,
         "kind": KIND,

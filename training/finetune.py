@@ -310,7 +310,8 @@ def run(cfg: JobConfig, env: DistEnv, termination: TerminationRequest,
     records = check_inputs(cfg, env)  # paths, ownership, flags and data: no GPU needed
     if faults:
         faults.in_setup()
-    node_check = check_job(cfg, env)  # the nodes and the fabric, before the model's download
+    # the nodes and the fabric, before the model's download
+    node_check = check_job(cfg, env, faults.node_probe() if faults else None)
     model_dir = hub.fetch_model(cfg.model.model, cfg.model.cache_dir, cfg.train.seed, env)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     data, val, sampler = pack_training_data(cfg, records, tokenizer, env)

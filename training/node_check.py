@@ -95,7 +95,9 @@ class Result:
 @dataclass(frozen=True)
 class Probe:
     """Where the per-node checks look: roots of the device, proc and sys trees, /dev/shm, the
-    ``fi_info`` binary (None: not in the image) and NVML (None: not importable)."""
+    ``fi_info`` binary (None: not in the image), NVML (None: not importable), the GPUs this
+    process sees (None: CUDA's count on a CUDA device, else none) and the pod's service-account
+    directory the quarantine reads (None: the kubelet's, ``quarantine.SERVICE_ACCOUNT_DIR``)."""
 
     dev: Path = Path("/dev")
     proc: Path = Path("/proc")
@@ -104,6 +106,8 @@ class Probe:
     fi_info: str | None = field(default_factory=lambda: shutil.which(
         "fi_info", path=os.pathsep.join([os.environ.get("PATH", ""), *FI_INFO_PATHS])))
     nvml: object | None = field(default_factory=lambda: _import_nvml())
+    gpus: int | None = None
+    service_account: Path | None = None
 
 
 def _import_nvml() -> object | None:
@@ -128,10 +132,14 @@ def check_gpu_count(node: str, expected: int, found: int) -> Result:
 
 
 def check_gpu_health(node: str, nvml: object | None, devices: int) -> list[Result]:
-    """Per GPU: volatile uncorrectable ECC errors (an error the GPU could not correct since the
-    driver loaded: the GPU needs a reset), retired pages pending or remapped rows pending or
-    failed (the memory needs a reset or an RMA). A counter the GPU does not expose (A100 and
-    H100 remap rows instead of retiring pages) is left out, not failed."""
+    """Per GPU, what the driver keeps after a fault until the GPU is reset, so that the check of
+    a restarted run still sees a fault that ended the run before it: volatile uncorrectable ECC
+    errors (counted since the driver loaded; the EKS GPU AMI runs nvidia-persistenced, so that
+    is since boot), retired pages pending or remapped rows pending or failed (the memory needs
+    a reset or an RMA), the driver's recovery action (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``:
+    set by uncorrectable memory errors, Xid 48, 94, 95), and a GPU NVML reports lost (Xid
+    79, fallen off the bus) or needing a reset. A counter the GPU or driver does not expose
+    (A100 and H100 remap rows instead of retiring pages) is left out, not failed."""
     if devices == 0:
         return []
     if nvml is None:
@@ -144,32 +152,71 @@ def check_gpu_health(node: str, nvml: object | None, devices: int) -> list[Resul
         nvml.nvmlShutdown()
 
 
+GPU_UNUSABLE = ("NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_RESET_REQUIRED")
+"""NVML's answers for a GPU that cannot be used until it is reset or the node replaced."""
+RECOVERY_ACTIONS = {1: "GPU reset", 2: "node reboot", 3: "drain peer-to-peer traffic",
+                    4: "drain peer-to-peer traffic and GPU reset", 5: "IMEX domain recovery",
+                    6: "PCIe bus reset", 7: "system reboot"}
+"""``nvmlDeviceGpuRecoveryAction_t`` by value (0: none needed; NVIDIA's "Error Recovery and
+Response Flags"). An unknown value is shown as its number and fails too."""
+
+
+def _unusable(nvml: object, error: Exception) -> bool:
+    return getattr(error, "value", None) in {getattr(nvml, name, None) for name in GPU_UNUSABLE}
+
+
 def _nvml_value(nvml: object, fn: Callable[[], object]) -> object | None:
+    """``fn()``, or None where the GPU does not expose it (NOT_SUPPORTED, no permission); a GPU
+    that is lost or needs a reset raises on."""
     try:
         return fn()
-    except nvml.NVMLError:  # NOT_SUPPORTED on this GPU, or no permission
+    except nvml.NVMLError as e:
+        if _unusable(nvml, e):
+            raise
         return None
 
 
+def _recovery_action(nvml: object, handle: object) -> int | None:
+    """The driver's recovery action for the GPU; None where nvidia-ml-py or the driver predates
+    the field (the driver answers per field, not by raising)."""
+    field_id = getattr(nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+    if field_id is None:
+        return None
+    [value] = nvml.nvmlDeviceGetFieldValues(handle, [field_id])
+    return value.value.uiVal if value.nvmlReturn == nvml.NVML_SUCCESS else None
+
+
 def _one_gpu(node: str, nvml: object, index: int) -> Result:
-    h = nvml.nvmlDeviceGetHandleByIndex(index)
+    try:
+        return _gpu_counters(node, nvml, index, nvml.nvmlDeviceGetHandleByIndex(index))
+    except nvml.NVMLError as e:
+        if not _unusable(nvml, e):
+            raise
+        return Result(node, f"gpu {index} health", False, f"NVML: {e}", {"gpu": index,
+                                                                         "nvml_error": str(e)})
+
+
+def _gpu_counters(node: str, nvml: object, index: int, h: object) -> Result:
     ecc = _nvml_value(nvml, lambda: nvml.nvmlDeviceGetTotalEccErrors(
         h, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC))
     pending_pages = _nvml_value(nvml, lambda: nvml.nvmlDeviceGetRetiredPagesPendingStatus(h))
     retired = _nvml_value(nvml, lambda: len(nvml.nvmlDeviceGetRetiredPages(
         h, nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)))
     rows = _nvml_value(nvml, lambda: nvml.nvmlDeviceGetRemappedRows(h))
+    action = _nvml_value(nvml, lambda: _recovery_action(nvml, h))
     values = {"gpu": index, "uncorrectable_ecc": ecc, "retired_pages_dbe": retired,
               "retired_pages_pending": None if pending_pages is None else bool(pending_pages),
               "remapped_rows": None if rows is None else {"correctable": rows[0],
                                                           "uncorrectable": rows[1],
                                                           "pending": bool(rows[2]),
-                                                          "failed": bool(rows[3])}}
+                                                          "failed": bool(rows[3])},
+              "recovery_action": action}
     problems = [text for bad, text in (
         (bool(ecc), f"{ecc} uncorrectable ECC errors"),
         (bool(pending_pages), "retired pages pending a reset"),
         (rows is not None and bool(rows[2]), "remapped rows pending a reset"),
         (rows is not None and bool(rows[3]), "row remapping failed"),
+        (bool(action), f"recovery action: {RECOVERY_ACTIONS.get(action, action)}"),
     ) if bad]
     seen = [f"ECC {ecc}" if ecc is not None else None,
             f"retired pages {retired}" if retired is not None else None,
@@ -179,8 +226,10 @@ def _one_gpu(node: str, nvml: object, index: int) -> Result:
 
 
 class XidWatch:
-    """NVML's critical Xid events during the check (NVML has no history: earlier Xids are in
-    the node's kernel log, which DCGM's exporter reports as ``DCGM_FI_DEV_XID_ERRORS``)."""
+    """NVML's critical Xid events during the check. NVML keeps no Xid history: a fault before
+    the check shows in what the driver latches (`check_gpu_health`: the ECC counter, row
+    remapping, the recovery action, a lost GPU), and in the node's kernel log, which DCGM's
+    exporter reports as ``DCGM_FI_DEV_XID_ERRORS``."""
 
     def __init__(self, nvml: object | None, devices: int):
         self.nvml, self.events, self.reason = nvml, None, "not checked: no GPU"
@@ -628,28 +677,62 @@ def _own_groups(timeout: datetime.timedelta) -> Iterator[Callable[..., dist.Proc
 
 def _check(cfg: JobConfig, env: DistEnv, probe: Probe,
            new_group: Callable[..., dist.ProcessGroup]) -> Report:
-    """`check_job`'s work, with its groups from ``new_group``."""
+    """`check_job`'s work, with its groups from ``new_group``: every node's own rows, the
+    fabric, the verdict; a failing node's pod quarantines its node before the check raises."""
     nc = cfg.node_check
     started = time.perf_counter()
+    objects = new_group(backend="gloo")
+    local, gathered = _node_rows(cfg, env, probe, objects)
+    nodes = [node for node, _ in gathered]
+    results = [r for _, rows in gathered for r in rows]
+    model, shape = model_shape(cfg.model.model)
+    sizes = fsdp_sizes(shape, 2 if env.device.type == "cuda" else 4)
+    bandwidth, slowest_rank, transport = _fabric(env, sizes, nodes, new_group, objects,
+                                                 nc.node_check_min_busbw_gbs)
+    node_bandwidth, slowest_node = _per_node(env, sizes, nodes, new_group, objects,
+                                             nc.node_check_min_node_busbw_gbs)
+    failures = [f"{r['node']}: {r['check']}: {r['figure']}" for r in results if r["ok"] is False]
+    failures += _bandwidth_failures(slowest_rank, "all ranks", env.world_size)
+    failures += _bandwidth_failures(slowest_node, "inside the node", env.local_world_size)
+    failures += transport_failures(transport, nc.node_check_efa, len(set(nodes)))
+    report = Report(passed=not failures, seconds=time.perf_counter() - started, model=model,
+                    world_size=env.world_size, nodes=len(set(nodes)), results=results,
+                    bandwidth=bandwidth, node_bandwidth=node_bandwidth, transport=transport,
+                    slowest_rank=slowest_rank, slowest_node=slowest_node, failures=failures)
+    _publish(report, cfg, env)
+    if failures:
+        quarantine_own_node(local, probe.service_account)  # local rank 0 holds its node's rows
+        raise NodeCheckFailed("node check failed before training: " + "; ".join(failures)
+                              + " (--no-node-check skips the check)")
+    return report
+
+
+def _node_rows(cfg: JobConfig, env: DistEnv, probe: Probe, objects: dist.ProcessGroup
+               ) -> tuple[list[Result], list[tuple[str, list[dict]]]]:
+    """This node's rows (on its local rank 0, within the check's time limit; none elsewhere)
+    and every rank's (node, rows), gathered."""
+    nc = cfg.node_check
     node = node_name()
     cuda = env.device.type == "cuda"
     expected_gpus = nc.node_check_gpus or (env.local_world_size if cuda else 0)
     checks = dataclasses.replace(nc, node_check_gpus=expected_gpus)
     local: list[Result] = []
     if env.is_local_main:
-        gpus = torch.cuda.device_count() if cuda else 0
+        gpus = probe.gpus if probe.gpus is not None else (
+            torch.cuda.device_count() if cuda else 0)
         local = _with_timeout(lambda: node_checks(checks, cfg.checkpoint.checkpoint_dir, gpus,
                                                   probe, node),
                               nc.node_check_timeout_s, node)
-    objects = new_group(backend="gloo")
     gathered: list = [None] * env.world_size
     dist.all_gather_object(gathered, (node, [asdict(r) for r in local]), group=objects)
-    nodes = [g[0] for g in gathered]
-    failures = [f"{r['node']}: {r['check']}: {r['figure']}"
-                for _, results in gathered for r in results if r["ok"] is False]
-    model, shape = model_shape(cfg.model.model)
-    sizes = fsdp_sizes(shape, 2 if cuda else 4)
-    backend = "nccl" if cuda else "gloo"
+    return local, gathered
+
+
+def _fabric(env: DistEnv, sizes: list[tuple[str, str, int]], nodes: list[str],
+            new_group: Callable[..., dist.ProcessGroup], objects: dist.ProcessGroup,
+            floor: float) -> tuple[list[dict], dict | None, dict]:
+    """The collectives over all ranks: the rows per size, the slowest rank, the transport."""
+    backend = "nccl" if env.device.type == "cuda" else "gloo"
     fabric = new_group()
     with nccl_lines() if backend == "nccl" else contextlib.nullcontext(([], None)) as (lines,
                                                                                     nccl_log):
@@ -659,24 +742,8 @@ def _check(cfg: JobConfig, env: DistEnv, probe: Probe,
         transport["log"] = str(nccl_log)
     per_rank: list = [None] * env.world_size
     dist.all_gather_object(per_rank, mine, group=objects)
-    bandwidth, slowest_rank = _bandwidth_rows(per_rank, env.world_size,
-                                              nc.node_check_min_busbw_gbs, nodes)
-    node_bandwidth, slowest_node = _per_node(env, sizes, nodes, new_group, objects,
-                                             nc.node_check_min_node_busbw_gbs)
-    failures += _bandwidth_failures(slowest_rank, "all ranks", env.world_size)
-    failures += _bandwidth_failures(slowest_node, "inside the node", env.local_world_size)
-    failures += transport_failures(transport, nc.node_check_efa, len(set(nodes)))
-    gathered_results = [r for _, results in gathered for r in results]
-    report = Report(passed=not failures, seconds=time.perf_counter() - started, model=model,
-                    world_size=env.world_size, nodes=len(set(nodes)), results=gathered_results,
-                    bandwidth=bandwidth, node_bandwidth=node_bandwidth, transport=transport,
-                    slowest_rank=slowest_rank, slowest_node=slowest_node, failures=failures)
-    _publish(report, cfg, env)
-    if failures:
-        quarantine_own_node(local)  # local rank 0 of each node holds its node's rows
-        raise NodeCheckFailed("node check failed before training: " + "; ".join(failures)
-                              + " (--no-node-check skips the check)")
-    return report
+    bandwidth, slowest_rank = _bandwidth_rows(per_rank, env.world_size, floor, nodes)
+    return bandwidth, slowest_rank, transport
 
 
 def _per_node(env: DistEnv, sizes: list[tuple[str, str, int]], nodes: list[str],

@@ -64,15 +64,17 @@ def faulty_hardware(results: Iterable) -> list:
     return [r for r in results if r.ok is False and HARDWARE_CHECKS.fullmatch(r.check)]
 
 
-def quarantine_own_node(results: Iterable) -> bool:
+def quarantine_own_node(results: Iterable, account: Path | None = None) -> bool:
     """Taint this node when one of its hardware rows failed; True when the node carries the
-    taint afterwards. Never raises: the caller's failure is the one that counts."""
+    taint afterwards. ``account``: the service-account directory (None: the kubelet's,
+    `SERVICE_ACCOUNT_DIR`). Never raises: the caller's failure is the one that counts."""
     faults = faulty_hardware(results)
     if not faults:
         return False
     why = "; ".join(f"{r.check}: {r.figure}" for r in faults)
     node = os.environ.get("NODE_NAME")
-    token = SERVICE_ACCOUNT_DIR / "token"
+    account = account or SERVICE_ACCOUNT_DIR
+    token = account / "token"
     host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
     if not (node and host and port and token.is_file()):
         log.warning("node hardware failed (%s) but this is not a Kubernetes pod with a service-account "
@@ -81,7 +83,7 @@ def quarantine_own_node(results: Iterable) -> bool:
     by_hand = f"kubectl taint node {node} {TAINT_KEY}={REASON}:{TAINT_EFFECT}"
     try:
         api = f"https://{_host(host)}:{port}"
-        context = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT_DIR / "ca.crt"))
+        context = ssl.create_default_context(cafile=str(account / "ca.crt"))
         taint_node(api, token.read_text().strip(), context, node)
     except Exception as e:  # noqa: BLE001  whatever fails here, the check's own failure is the one raised
         log.error("could not quarantine node %s (%s): %s; by hand: %s", node, why, e, by_hand)

@@ -10,7 +10,9 @@ when the group is at zero (read by the tag format of its AWS provider, ``aws_man
 IAM policy, the node group's options, the worker pod it must find a node for, and the alert
 rules. The job's own side, resuming from the last checkpoint on a replacement node with real
 torchrun processes and a real etcd, is tests/training/test_faults.py
-(``test_lost_node_resumes_from_last_checkpoint_through_etcd``).
+(``test_lost_node_resumes_from_last_checkpoint_through_etcd``); a GPU fault mid-run that the
+restart's node check finds and quarantines, with real torchrun processes, is
+tests/training/test_quarantine.py (``test_a_gpu_fault_mid_run_quarantines_the_node_at_the_restart``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import pytest
 from components import node_quarantine, versions
 from components.cluster_autoscaler import DISCOVERY_TAG, QUARANTINE_TAINT_KEY, SERVICE_ACCOUNT, TEMPLATE_PREFIX
 from components.observability.alert_delivery import load_rule_groups
+from components.stack import Export
+from components.training_job import NODE_CHECK_LOG_HOLD_S
 from components.settings_rules.gpu_nodes import MAX_SCALE_DOWN_DELAY_MINUTES
 from offline import rendering
 from tests.harness import (
@@ -261,6 +265,11 @@ def test_step_the_check_fails_on_a_node_and_its_pod_taints_that_node(run: Record
     [policy_binding] = run.of_type(
         "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding")
     assert policy_binding.name in waits_for(run, binding.name)
+    # The check command's pods outlive that taint long enough for the command to print the table
+    # (tests/infra/test_node_check_job.py runs the command against the taint manager's rule).
+    check_spec = worker(run.exports[Export.NODE_CHECK_MANIFEST])["template"]["spec"]
+    [held] = [t for t in check_spec["tolerations"] if t.get("key") == QUARANTINE_TAINT_KEY]
+    assert (held["effect"], held["tolerationSeconds"]) == ("NoExecute", NODE_CHECK_LOG_HOLD_S)
 
 
 def test_step_a_quarantined_node_loses_the_job_and_is_replaced(run: Recording):

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -23,8 +24,15 @@ import pytest
 from components.planning.hardware import PROFILES
 from components.settings import JobSettings
 from components.stack import Export
-from components.training_job import MAX_NAME, pod_monitor_manifest, pytorchjob_manifest, training_command
-from tests.harness import Recording, container, job_of, job_settings, training_flags, worker
+from components.cluster_autoscaler import QUARANTINE_TAINT_KEY
+from components.training_job import (
+    MAX_NAME,
+    NODE_CHECK_POLL_S,
+    pod_monitor_manifest,
+    pytorchjob_manifest,
+    training_command,
+)
+from tests.harness import Recording, container, job_of, job_settings, tolerates, training_flags, worker
 from tests.infra.test_workload import crd_schema, undeclared_keys
 from training.config import build_parser, config_from_namespace
 
@@ -98,6 +106,20 @@ def test_the_check_job_validates_against_the_crd_and_is_not_scraped():
     labels = worker(check)["template"]["metadata"]["labels"]
     assert not selector.items() <= labels.items(), "the PodMonitor would scrape the check's pods"
     assert selector.items() <= worker(render())["template"]["metadata"]["labels"].items()
+
+
+def test_only_the_check_pods_stay_a_bounded_time_on_a_node_they_quarantined():
+    """The check's pods tolerate the quarantine taint for a bounded time (their table must
+    outlive the taint their own failure sets); the training workers do not tolerate it at all
+    (they must leave a quarantined node at once)."""
+    quarantine = {"key": QUARANTINE_TAINT_KEY, "value": "node-check-failed", "effect": "NoExecute"}
+    check, train = worker(render(check_only=True))["template"]["spec"], worker(render())["template"]["spec"]
+    [held] = [t for t in check["tolerations"] if t.get("key") == QUARANTINE_TAINT_KEY]
+    assert held == {"key": QUARANTINE_TAINT_KEY, "operator": "Exists", "effect": "NoExecute",
+                    "tolerationSeconds": held["tolerationSeconds"]}
+    assert 0 < held["tolerationSeconds"] <= 10 * NODE_CHECK_POLL_S
+    assert not tolerates(train["tolerations"], quarantine)
+    assert [t for t in check["tolerations"] if t is not held] == train["tolerations"]
 
 
 def test_workers_name_their_kubernetes_node():
@@ -178,3 +200,59 @@ def test_the_check_command_fails_when_the_check_failed(recording: Recording, tmp
     assert out.returncode != 0
     assert out.stdout.rstrip().endswith("Failed")
     assert "delete pytorchjob" in (tmp_path / "calls").read_text()
+
+
+TAINT_CLOCK_KUBECTL = """#!{python}
+import json, os, sys
+args = " ".join(sys.argv[1:])
+clock = int(open(os.environ["CLOCK"]).read())
+ended = int(os.environ["TAINT_AT"]) + int(os.environ["ENDS_AFTER"])
+if "create -f -" in args:
+    open(os.environ["CREATED"], "w").write(sys.stdin.read())
+elif "get pytorchjob" in args:
+    print(("Created Running Failed" if clock >= ended else "Created Running") if "status==" in args
+          else "Failed" if clock >= ended else "Running")
+elif " logs " in f" {{args}} ":
+    # The taint manager deletes the pod (and its log) the smallest tolerationSeconds of the
+    # pod's tolerations of the taint after it saw the taint, at once without one.
+    spec = json.load(open(os.environ["CREATED"]))["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    held = min((t.get("tolerationSeconds", 0) for t in spec.get("tolerations", [])
+                if t.get("key") == "{key}" and t.get("effect") == "NoExecute"), default=0)
+    if clock < int(os.environ["TAINT_AT"]) + held:
+        print("worker-0/pytorch 10:00:02 [rank 0] INFO node check: FAILED in 9.1 s, 16 ranks on 2 node(s)")
+"""
+CLOCK_SLEEP = """#!/bin/sh
+echo $(( $(cat "$CLOCK") + $1 )) > "$CLOCK"
+"""
+
+
+def run_check_command_against_the_taint(recording: Recording, tmp_path: Path,
+                                        ends_after: int) -> subprocess.CompletedProcess:
+    """The exported command with stand-ins for ``pulumi``, ``kubectl`` and ``sleep`` on one
+    clock: rank 0's pod taints its node just after the command's first poll and its job is
+    marked failed ``ends_after`` seconds later; ``kubectl logs`` shows the table while the taint
+    manager would keep the pod (the rule of ``components.node_quarantine.quarantine_toleration``)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pulumi").write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(recording.exports[Export.NODE_CHECK_MANIFEST])}\nEOF\n")
+    (bin_dir / "kubectl").write_text(TAINT_CLOCK_KUBECTL.format(python=sys.executable, key=QUARANTINE_TAINT_KEY))
+    (bin_dir / "sleep").write_text(CLOCK_SLEEP)
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    (tmp_path / "clock").write_text("0")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CLOCK": str(tmp_path / "clock"),
+           "CREATED": str(tmp_path / "created.json"), "TAINT_AT": "0", "ENDS_AFTER": str(ends_after)}
+    return subprocess.run(["bash", "-c", recording.exports[Export.NODE_CHECK_COMMAND]], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("ends_after", [1, NODE_CHECK_POLL_S, 2 * NODE_CHECK_POLL_S])
+def test_the_table_of_a_pod_that_quarantined_its_node_is_printed(recording: Recording, tmp_path: Path,
+                                                                 ends_after: int):
+    """Rank 0's pod failed the check on its own node and tainted it: its processes end and its
+    job is marked failed within two polls of the taint, and the command still prints its table
+    (before: the pod was deleted at once, and the command printed no table)."""
+    out = run_check_command_against_the_taint(recording, tmp_path, ends_after)
+    assert "[rank 0] INFO node check: FAILED" in out.stdout, out.stdout + out.stderr
+    assert out.returncode != 0 and out.stdout.rstrip().endswith("Failed")
+

@@ -36,6 +36,7 @@ from tests.training.conftest import (
 from training import node_check as nc
 from training.config import parse_args
 from training.dist import init_distributed
+from training.faults import HEALTHY_H100, FakeNvml
 from training.shapes import SHAPES
 from training.tiny import LLAMA_KWARGS
 
@@ -114,47 +115,39 @@ def test_fewer_gpus_than_promised_fail_with_both_counts():
     assert nc.check_gpu_count(NODE, 8, 8).ok is True
 
 
-class FakeNvml:
-    """NVML as nvidia-ml-py exposes it, for GPUs whose counters the test chooses; a counter
-    given as None raises NOT_SUPPORTED, as on a GPU that does not expose it."""
-
-    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
-    NVML_VOLATILE_ECC = 0
-    NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
-    nvmlEventTypeXidCriticalError = 8
-
-    class NVMLError(Exception):
-        pass
-
-    def __init__(self, gpus: list[dict]):
-        self.gpus = gpus
-
-    def _get(self, h: int, key: str):
-        value = self.gpus[h][key]
-        if value is None:
-            raise self.NVMLError("Not Supported")
-        return value
-
-    def nvmlInit(self): pass
-    def nvmlShutdown(self): pass
-    def nvmlDeviceGetCount(self): return len(self.gpus)
-    def nvmlDeviceGetHandleByIndex(self, i): return i
-    def nvmlDeviceGetTotalEccErrors(self, h, kind, counter): return self._get(h, "ecc")
-    def nvmlDeviceGetRetiredPagesPendingStatus(self, h): return self._get(h, "pending")
-    def nvmlDeviceGetRetiredPages(self, h, cause): return self._get(h, "pages")
-    def nvmlDeviceGetRemappedRows(self, h): return self._get(h, "rows")
-
-
-HEALTHY_H100 = {"ecc": 0, "pending": None, "pages": None, "rows": (0, 0, 0, 0)}
-"""Hopper remaps rows and does not retire pages: NVML says NOT_SUPPORTED for pages."""
-
-
 def test_gpu_health_names_the_gpu_with_uncorrectable_errors():
-    nvml = FakeNvml([HEALTHY_H100, {**HEALTHY_H100, "ecc": 2}, {**HEALTHY_H100, "rows": (0, 1, 1, 0)}])
+    nvml = FakeNvml([HEALTHY_H100, {**HEALTHY_H100, "ecc": 2}, {**HEALTHY_H100, "rows": [0, 1, 1, 0]}])
     got = figures(nc.check_gpu_health(NODE, nvml, 3))
     assert got["gpu 0 health"] == (True, "ECC 0, remapped rows 0")
     assert got["gpu 1 health"] == (False, "2 uncorrectable ECC errors")
     assert got["gpu 2 health"] == (False, "remapped rows pending a reset")
+
+
+def test_a_fault_the_driver_latched_before_the_check_fails_the_gpu():
+    """What a fault that ended the run leaves for the restart's check: the driver's recovery
+    action (NVIDIA's "Error Recovery and Response Flags": set by uncorrectable errors until the
+    GPU is reset), a GPU NVML reports lost (Xid 79) or needing a reset, a failed row remapping.
+    A driver without the recovery-action field answers NOT_SUPPORTED in the field: left out."""
+    nvml = FakeNvml([{**HEALTHY_H100, "recovery": 1}, {**HEALTHY_H100, "error": "NVML_ERROR_GPU_IS_LOST"},
+                     {**HEALTHY_H100, "rows": [0, 3, 0, 1]}, {**HEALTHY_H100, "recovery": 0},
+                     {**HEALTHY_H100, "error": "NVML_ERROR_RESET_REQUIRED"}, {**HEALTHY_H100, "recovery": 99}])
+    got = figures(nc.check_gpu_health(NODE, nvml, 6))
+    assert got == {"gpu 0 health": (False, "recovery action: GPU reset"),
+                   "gpu 1 health": (False, "NVML: GPU is lost"),
+                   "gpu 2 health": (False, "row remapping failed"),
+                   "gpu 3 health": (True, "ECC 0, remapped rows 0"),
+                   "gpu 4 health": (False, "NVML: GPU requires restart"),
+                   "gpu 5 health": (False, "recovery action: 99")}
+    [row] = [r for r in nc.check_gpu_health(NODE, nvml, 6) if r.check == "gpu 0 health"]
+    assert row.values["recovery_action"] == 1
+
+
+def test_an_nvml_error_that_is_not_the_gpus_fault_still_breaks_the_rows():
+    """Only a lost GPU or one needing a reset is the GPU's failure; another NVML error while
+    opening a GPU is the check's own (a ``node checks`` row, which quarantines nothing)."""
+    nvml = FakeNvml([{**HEALTHY_H100, "error": "NVML_ERROR_NOT_SUPPORTED"}])
+    with pytest.raises(FakeNvml.NVMLError):
+        nc.check_gpu_health(NODE, nvml, 1)
 
 
 def test_gpu_health_without_nvml_is_skipped_with_the_reason():

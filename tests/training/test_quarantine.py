@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import ssl
 import subprocess
 import threading
@@ -24,6 +25,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+from tests.training.conftest import REPO, TINY_FLAGS, child_env, steps_of, torchrun_cmd
+from training import faults
 from training import node_check as nc
 from training import quarantine
 from training.config import parse_args
@@ -240,3 +243,37 @@ def test_an_answer_it_cannot_read_is_logged_not_raised(api, caplog):
     caplog.set_level(logging.WARNING, logger="training.quarantine")
     assert not quarantine.quarantine_own_node([nc.Result(NODE, "gpus", False, "7 of 8 GPUs")])
     assert "could not quarantine node" in caplog.text
+
+
+def test_a_gpu_fault_mid_run_quarantines_the_node_at_the_restart(api, tmp_path, tiny_cache):
+    """Issue: a GPU that takes an uncorrectable ECC error during the run leaves without a person.
+    Real torchrun, 2 ranks, restarts allowed, on a fake node (training/faults.py: its GPU's NVML
+    readings in a file, its pod's service account beside it) whose GPU 0 is healthy at the
+    start: the first start's node check passes and the run saves step N; in step N+1 the GPU
+    takes the error (its volatile ECC counter stays up, as the driver keeps it) and rank 0
+    fails as CUDA fails it; torchrun restarts the workers, the restart's node check reads the
+    counter, taints this node through the fake API server and fails with its one line before
+    any step on the faulted GPU."""
+    n = 2
+    (tmp_path / "gpus.json").write_text(json.dumps([faults.HEALTHY_H100]))
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
+    cmd = torchrun_cmd(2, ["--standalone", "--max-restarts=1", "--monitor-interval=0.5"]) + [
+        *TINY_FLAGS, "--cache-dir", str(tiny_cache), "--batch-size", "4",
+        "--checkpoint-dir", str(ckpt), "--checkpoint-every", str(n), "--metrics-file", str(metrics)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=200,
+                          env=child_env(**{faults.FAKE_NODE_ENV: str(tmp_path),
+                                           faults.GPU_FAULT_ENV: str(n + 1)}))
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-4000:]
+    assert f"GPU 0 takes an uncorrectable ECC error in step {n + 1}" in out
+    assert faults.CUDA_ECC_ERROR in out
+    assert re.findall(r"node check: (PASSED|FAILED)", out) == ["PASSED", "FAILED"], out[-4000:]
+    failure = (f"node check failed before training: {NODE}: gpu 0 health: 1 uncorrectable ECC "
+               "errors (--no-node-check skips the check)")
+    said = [line for line in out.splitlines() if "node check failed" in line]
+    assert len(said) == 1 and said[0].endswith(failure), "\n".join(said)
+    get, patch = api.requests
+    assert (get["method"], patch["method"]) == ("GET", "PATCH")
+    assert patch["body"][1]["value"][-1] == {"key": "fsdp-eks/quarantine", "value": "node-check-failed",
+                                             "effect": "NoExecute"}
+    assert max(steps_of(metrics)) == n

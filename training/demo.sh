@@ -8,7 +8,8 @@
 # (default out/finetune).
 # Finishes in well under a minute on 2 cores. Started through training.launch (torchrun's main,
 # as the PyTorchJob's pods): Ctrl-C saves the step in flight and ends with one line and status
-# 130 (training/termination.py), without torchrun's traceback.
+# 130 (training/termination.py), without torchrun's traceback; the next demo starts afresh all
+# the same (below), while the same command by hand would resume from that checkpoint.
 #   usage: bash training/demo.sh [OUT]      (PYTHON=... to choose the interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."

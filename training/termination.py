@@ -113,6 +113,6 @@ class Terminated(Exception):
         if self.step is None:
             return (f"stopped on {name} before the first step: nothing to save yet; the next "
                     "start begins the setup again")
-        where = (f"its checkpoint is complete, and the next start resumes after it"
-                 if self.saved else "no --checkpoint-dir, so nothing was saved")
+        where = ("its checkpoint is complete, and a start with the same --checkpoint-dir "
+                 "resumes after it" if self.saved else "no --checkpoint-dir, so nothing was saved")
         return f"stopped after step {self.step} on {name}: {where}"

@@ -105,6 +105,18 @@ def test_killed_while_saving_resumes_from_previous_checkpoint(reference, tmp_pat
     assert sorted(p.name for p in ckpt.iterdir()) == [f"step_{N:08d}", f"step_{STEPS:08d}"]
 
 
+def _kill_job(proc: subprocess.Popen) -> None:
+    """A failed test's cleanup: torchrun's workers (in sessions of their own, so they outlive a
+    SIGKILLed torchrun) and then torchrun."""
+    if proc.poll() is None:
+        for pid in _workers(proc.pid).values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.kill()
+
+
 def _send(proc: subprocess.Popen, signum: signal.Signals) -> None:
     """What sends ``signum`` to the job in use: SIGTERM from the kubelet to the container's first
     process, torchrun; SIGINT from a terminal's Ctrl-C to its whole foreground process group
@@ -150,8 +162,7 @@ def test_a_stop_signal_saves_the_step_and_the_next_start_matches_uninterrupted(
         _send(proc, signum)
         out, _ = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        _kill_job(proc)
     stopped = max(steps_of(metrics))
     assert proc.returncode == exit_status(signum), out[-4000:]
     _assert_one_line_per_process(out, signum)
@@ -190,14 +201,36 @@ def test_a_stop_signal_in_the_setup_ends_every_rank_with_one_line(tmp_path, tiny
         _send(proc, signum)
         out, _ = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        _kill_job(proc)
     out = "".join(seen) + out
     assert proc.returncode == exit_status(signum), out[-4000:]
     _assert_one_line_per_process(out, signum)
     assert out.count(f"stopped on {signum.name} before the first step: nothing to save yet") == 1, (
         out[-4000:])
     assert not steps_of(metrics) and not complete_checkpoints(ckpt)
+
+
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_saved_step(tmp_path, tiny_cache):
+    """Checked against training/termination.py's rule for one rank signalled (a node reclaimed
+    alone): only rank 1's worker is sent SIGINT mid-run; rank 0, never signalled, learns it
+    from the step's all-reduce, both stop after the same step, that step's checkpoint is
+    complete, and the leader's line names the peer's signal; nothing was trained past it."""
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
+    cmd = torchrun_cmd(2, ["--standalone", "--max-restarts=0", "--monitor-interval=0.5"],
+                       via="training.launch") + [
+        *TINY_FLAGS, "--cache-dir", str(tiny_cache), "--batch-size", "4",
+        "--checkpoint-dir", str(ckpt), "--checkpoint-every", "0", "--metrics-file", str(metrics)]
+    proc = start(cmd, FSDP_EKS_TEST_STEP_DELAY_S="0.5")
+    try:
+        _wait_for_step(metrics, 2, [proc], timeout=120)
+        os.kill(_workers(proc.pid)[1], signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        _kill_job(proc)
+    stopped = max(steps_of(metrics))
+    assert 2 <= stopped < STEPS, out[-4000:]
+    assert out.count(f"stopped after step {stopped} on SIGINT") == 1, out[-4000:]
+    assert [s for s, _ in complete_checkpoints(ckpt)] == [stopped]
 
 
 def test_an_error_after_the_stop_signal_ends_with_its_status_and_one_line(tmp_path, tiny_cache):

@@ -6,7 +6,10 @@
 # loss and perplexity every 7 steps (5 % of the shipped examples, held out), then a summary;
 # writes checkpoints, the Hugging Face export of the best checkpoint and metrics.jsonl under OUT
 # (default out/finetune).
-# Finishes in well under a minute on 2 cores.
+# Finishes in well under a minute on 2 cores. Started through training.launch (torchrun's main,
+# as the PyTorchJob's pods): Ctrl-C saves the step in flight and ends with one line and status
+# 130 (training/termination.py), without torchrun's traceback; the next demo starts afresh all
+# the same (below), while the same command by hand would resume from that checkpoint.
 #   usage: bash training/demo.sh [OUT]      (PYTHON=... to choose the interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +23,7 @@ mkdir -p "$OUT"
 # restarts (pytorch/pytorch#135712), so the PyTorchJob sets this too.
 export OMP_NUM_THREADS=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 TOKENIZERS_PARALLELISM=false
 set -x
-"$PYTHON" -m torch.distributed.run --standalone --nproc-per-node=2 -m training.finetune \
+"$PYTHON" -m training.launch --standalone --nproc-per-node=2 -m training.finetune \
   --model tiny --cache-dir "$OUT/cache" \
   --seq-len 512 --batch-size 4 --grad-accum 2 --epochs 2 \
   --learning-rate 3e-3 --warmup-steps 3 --sharding FULL_SHARD --activation-checkpointing selective \

@@ -9,6 +9,9 @@ checkpointer's files-written point). A production run builds no `Faults` and run
   checks that need no GPU (collectives among them), saying so first, so a test can act there.
 - ``FSDP_EKS_TEST_EXIT_AFTER_STEP``: stop cleanly (status 0) right after this step and its
   checkpoint, like a job that was stopped; no final checkpoint or export.
+- ``FSDP_EKS_TEST_FAIL_WHEN_SIGNALLED``: a rank that has been sent a stop signal
+  (training/termination.py) raises an error at its next step end, before the loop reads the
+  signal, as a collective cut short by a peer that stopped first would.
 - ``FSDP_EKS_TEST_KILL_IN_SAVE_AT_STEP``: on the first attempt (TORCHELASTIC_RESTART_COUNT=0),
   the last rank SIGKILLs itself after writing its shards of this step's checkpoint, before the
   checkpoint is marked complete.
@@ -43,6 +46,7 @@ EXIT_AFTER_STEP_ENV = "FSDP_EKS_TEST_EXIT_AFTER_STEP"
 KILL_IN_SAVE_ENV = "FSDP_EKS_TEST_KILL_IN_SAVE_AT_STEP"
 FAKE_NODE_ENV = "FSDP_EKS_TEST_FAKE_NODE"
 GPU_FAULT_ENV = "FSDP_EKS_TEST_GPU_FAULT_AT_STEP"
+FAIL_WHEN_SIGNALLED_ENV = "FSDP_EKS_TEST_FAIL_WHEN_SIGNALLED"
 CUDA_ECC_ERROR = "CUDA error: uncorrectable ECC error encountered"
 """What CUDA raises in a process whose GPU memory took an uncorrectable error
 (``cudaErrorECCUncorrectable``'s text)."""
@@ -125,6 +129,7 @@ class Faults:
     kill_in_save_at_step: int = 0
     fake_node: Path | None = None
     gpu_fault_at_step: int = 0
+    fail_when_signalled: bool = False
 
     def in_setup(self) -> None:
         """In the setup, after the checks that need no GPU: pause, saying so on every rank."""
@@ -133,10 +138,14 @@ class Faults:
                         self.env.rank, self.setup_pause_s)
             time.sleep(self.setup_pause_s)
 
-    def stop_after(self, step: int) -> bool:
-        """At the end of ``step``: sleep the delay; True where the run is to stop here."""
+    def stop_after(self, step: int, signalled: bool) -> bool:
+        """At the end of ``step``: sleep the delay; raise where this rank was ``signalled``
+        and the test asked for a failure then; True where the run is to stop here."""
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
+        if signalled and self.fail_when_signalled:
+            raise RuntimeError(f"test hook {FAIL_WHEN_SIGNALLED_ENV}: rank {self.env.rank} fails "
+                               f"at the end of step {step}, after its stop signal")
         if step == self.exit_after_step:
             log.warning("test hook %s: stopping after step %d", EXIT_AFTER_STEP_ENV, step)
             return True
@@ -176,7 +185,7 @@ def from_environment(env: DistEnv) -> Faults | None:
     """The faults the environment asks for; None (no hooks at all) when it asks for none."""
     if not any(os.environ.get(name) for name in (STEP_DELAY_ENV, SETUP_PAUSE_ENV,
                                                  EXIT_AFTER_STEP_ENV, KILL_IN_SAVE_ENV,
-                                                 FAKE_NODE_ENV, GPU_FAULT_ENV)):
+                                                 FAKE_NODE_ENV, GPU_FAULT_ENV, FAIL_WHEN_SIGNALLED_ENV)):
         return None
     fake_node = os.environ.get(FAKE_NODE_ENV)
     return Faults(env, step_delay_s=float(os.environ.get(STEP_DELAY_ENV) or 0),
@@ -184,4 +193,5 @@ def from_environment(env: DistEnv) -> Faults | None:
                   exit_after_step=int(os.environ.get(EXIT_AFTER_STEP_ENV) or 0),
                   kill_in_save_at_step=int(os.environ.get(KILL_IN_SAVE_ENV) or 0),
                   fake_node=Path(fake_node) if fake_node else None,
-                  gpu_fault_at_step=int(os.environ.get(GPU_FAULT_ENV) or 0))
+                  gpu_fault_at_step=int(os.environ.get(GPU_FAULT_ENV) or 0),
+                  fail_when_signalled=os.environ.get(FAIL_WHEN_SIGNALLED_ENV) == "1")

@@ -56,8 +56,7 @@ from training.parallel import DTYPES, Parallelism, build_mesh, compute_dtype, pa
 from training.preflight import check_inputs
 from training.reporting import MetricsLogger
 from training.step_queue import StepQueue
-from training.termination import EXIT_CODE as TERMINATED_EXIT_CODE
-from training.termination import Terminated, TerminationRequest
+from training.termination import Terminated, TerminationRequest, exit_status
 
 log = logging.getLogger("training")
 
@@ -187,7 +186,7 @@ def _queue_step(cfg: JobConfig, run: _Run, queue: StepQueue, step: int, env: Dis
     start = queue.start()
     loss, grad_norm = train_step(run.model, run.parallel, run.optimizer, run.scheduler,
                                  _micro_batches(run, env.device), cfg.optim.max_grad_norm, env)
-    queue.push(step, start, loss, grad_norm, termination.signalled)
+    queue.push(step, start, loss, grad_norm, termination.signal or 0)
     tokens = run.sampler.global_batch * cfg.data.seq_len
     run.state.step, run.state.tokens_seen = step, run.state.tokens_seen + tokens
     return {"epoch": run.state.epoch, "lr": lr, "tokens": tokens}
@@ -210,15 +209,16 @@ def _stop_if_not_finite(record: dict, ckpt: Checkpointer | None) -> None:
         "--learning-rate (or with --max-grad-norm), or check the model's weights and the data.")
 
 
-def _stop_on_termination(run: _Run, out: MetricsLogger, step: int, saved: bool) -> None:
-    """A rank was sent SIGTERM: save `step` (unless the loop just did), complete the save on
-    every rank, and stop (training/termination.py)."""
+def _stop_on_termination(run: _Run, out: MetricsLogger, step: int, saved: bool,
+                         signum: int) -> None:
+    """A rank was sent `signum` to stop: save `step` (unless the loop just did), complete the
+    save on every rank, and stop (training/termination.py)."""
     if run.ckpt:
         if not saved:
             run.ckpt.save(step, run.model, run.optimizer, run.state, {})
             out.checkpoint()
         run.ckpt.close()
-    raise Terminated(step, saved=run.ckpt is not None)
+    raise Terminated(signum, step, saved=run.ckpt is not None)
 
 
 def _train(cfg: JobConfig, run: _Run, out: MetricsLogger, flops_token: float, env: DistEnv,
@@ -227,17 +227,17 @@ def _train(cfg: JobConfig, run: _Run, out: MetricsLogger, flops_token: float, en
     runs the new step meanwhile) and report it. Before a step is evaluated or saved, after the
     last step and at a test's fault stop, every queued step is read first, so that a loss or
     gradient norm that is not finite stops the run before those weights are used
-    (`_stop_if_not_finite`). A SIGTERM seen in a step's numbers stops the run after the newest
+    (`_stop_if_not_finite`). A stop signal seen in a step's numbers stops the run after the newest
     queued step, saved (`_stop_on_termination`). Returns the steps' metrics, or None where a
     test's fault hook stopped the run."""
     peak = peak_flops(env.device)
     history: list[dict] = []
     queue = StepQueue(env.device)
     known: dict[int, dict] = {}  # by step: what `_queue_step` knew on the host
-    terminate = False
+    stop_signal = 0  # the first stop signal seen in a step's numbers (training/termination.py)
 
     def read(keep: int) -> None:
-        nonlocal terminate
+        nonlocal stop_signal
         while len(queue) > keep:
             result = queue.pop()
             host = known.pop(result.step)
@@ -248,13 +248,13 @@ def _train(cfg: JobConfig, run: _Run, out: MetricsLogger, flops_token: float, en
                 flops_token=flops_token, peak=peak, device=env.device))
             out.step(history[-1])
             _stop_if_not_finite(history[-1], run.ckpt)
-            terminate = terminate or result.terminate
+            stop_signal = stop_signal or result.stop_signal
 
     for step in range(run.state.step + 1, run.total + 1):
         known[step] = _queue_step(cfg, run, queue, step, env, termination)
         evaluated = run.evaluator.due(step, run.total, run.state.offset)
         saved = run.ckpt is not None and run.ckpt.due(step, run.total, evaluated)
-        fault_stop = faults is not None and faults.stop_after(step)
+        fault_stop = faults is not None and faults.stop_after(step, termination.signalled)
         read(keep=0 if evaluated or saved or fault_stop or step == run.total else 1)
         if evaluated:
             out.eval(run.evaluator(run.model, step, run.state.epoch))
@@ -267,9 +267,9 @@ def _train(cfg: JobConfig, run: _Run, out: MetricsLogger, flops_token: float, en
             if run.ckpt:
                 run.ckpt.close()
             return None
-        if terminate:
+        if stop_signal:
             read(keep=0)
-            _stop_on_termination(run, out, step, saved)
+            _stop_on_termination(run, out, step, saved, stop_signal)
     return history
 
 
@@ -303,7 +303,7 @@ def run_description(cfg: JobConfig, env: DistEnv, model: nn.Module, parallel: Pa
 def run(cfg: JobConfig, env: DistEnv, termination: TerminationRequest,
         faults: Faults | None = None) -> dict:
     """The whole job; returns the summary dict (rank 0's is complete). ``termination``: the
-    SIGTERM handler, deferred to step boundaries once the loop starts. ``faults``: the tests'
+    stop signals' handler, deferred to step boundaries once the loop starts. ``faults``: the tests'
     fault hooks (training/faults.py), None in production."""
     from transformers import AutoTokenizer
 
@@ -332,7 +332,7 @@ def run(cfg: JobConfig, env: DistEnv, termination: TerminationRequest,
     with ExitStack() as stack:
         out = MetricsLogger(cfg, env, stack, state.step, run_.total)
         out.node_check(node_check, node_name())
-        termination.defer()  # from the first step on, a SIGTERM stops at a step boundary
+        termination.defer()  # from the first step on, a stop signal stops at a step boundary
         history = _train(cfg, run_, out, description["run/flops_per_token"], env, faults,
                          termination)
         if history is None:  # stopped by a test's fault hook
@@ -406,13 +406,14 @@ def main(argv: list[str] | None = None) -> int:
             env = init_distributed(cfg.parallel.collective_timeout_s)
         except Terminated as e:  # during the rendezvous
             print(f"[rank {os.environ.get('RANK', 0)}] {e}", file=sys.stderr)
-            return TERMINATED_EXIT_CODE
+            return e.exit_status
         return _run_to_status(cfg, env, termination)
 
 
 def _run_to_status(cfg: JobConfig, env: DistEnv, termination: TerminationRequest) -> int:
-    """`run`, and the process's exit status: 0, 1 with one error line, or `EXIT_CODE` after
-    SIGTERM (training/termination.py), also where SIGTERM cut a collective short."""
+    """`run`, and the process's exit status: 0, 1 with one error line, or 128 + the signal
+    after SIGTERM or SIGINT (training/termination.py), also where the signal cut a collective
+    short."""
     try:
         setup_logging(env)
         run(cfg, env, termination, faults.from_environment(env))
@@ -420,7 +421,7 @@ def _run_to_status(cfg: JobConfig, env: DistEnv, termination: TerminationRequest
     except Terminated as e:
         if env.is_main:
             log.warning("%s", e)
-        return TERMINATED_EXIT_CODE
+        return e.exit_status
     except UserError as e:
         if env.is_main:
             log.error("%s", e)
@@ -435,11 +436,11 @@ def _run_to_status(cfg: JobConfig, env: DistEnv, termination: TerminationRequest
     except Exception as e:
         if not termination.signalled:
             raise
-        if env.is_local_main:  # a peer stopped first; the signal is the cause, not the error
-            print(f"[rank {env.rank}] stopped on SIGTERM ({type(e).__name__} from a rank that "
-                  "stopped first); a restarted job resumes from the last complete checkpoint",
-                  file=sys.stderr)
-        return TERMINATED_EXIT_CODE
+        if env.is_local_main:  # e.g. a peer stopped first: the signal is the cause, not the error
+            print(f"[rank {env.rank}] stopped on {termination.signal.name} ({type(e).__name__} "
+                  "after the signal, as when a peer stopped first); the next start resumes from "
+                  "the last complete checkpoint", file=sys.stderr)
+        return exit_status(termination.signal)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

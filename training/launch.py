@@ -1,5 +1,5 @@
 """torchrun, ending on a signal the way its workers do: ``python -m training.launch <torchrun's
-arguments>`` (what the job's pods run).
+arguments>`` (what the job's pods and training/demo.sh run).
 
 torchrun's agent answers SIGTERM (Kubernetes ending the pod), SIGINT, SIGHUP and SIGQUIT by
 sending the same signal to its workers, waiting for them (its shutdown timeout, 30 s) and then
@@ -11,7 +11,9 @@ repository's torch 2.13; the GPU image's torch 2.11 is not installed here: ``Sig
 is the class torch's elastic agent has raised since torch 1.9, and any other ending stays
 torchrun's own.) Here the same
 launcher runs, and that one exception ends it instead with one line naming the signal and
-status 128 + the signal (143 for SIGTERM), as the workers exit after saving their step
+status 128 + the signal (143 for SIGTERM, 130 for SIGINT: Ctrl-C in a terminal, which reaches
+the workers only through torchrun, since each runs in a session of its own), as the workers
+exit after saving their step
 (training/termination.py). Every other outcome (success, a failed worker, a usage error) is
 torchrun's own.
 """

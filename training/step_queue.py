@@ -2,9 +2,10 @@
 
 Reading a step's loss on the host (`float()`) waits for the GPU to finish that step, and the
 GPU then idles until the host has queued the next step's first kernels. The loop instead queues
-step N+1 before it reads step N: each step's numbers (loss, gradient norm, and whether any rank
-was sent SIGTERM) are copied into page-locked host memory right behind the step, with an event
-after the copy, and the host waits on that event alone, while the GPU runs the next step.
+step N+1 before it reads step N: each step's numbers (loss, gradient norm, and the signal, if
+any, that asked a rank to stop: training/termination.py) are copied into page-locked host
+memory right behind the step, with an event after the copy, and the host waits on that event
+alone, while the GPU runs the next step.
 
 A step's time is measured on the GPU's own timeline, between events recorded before and after
 the step is queued (on the CPU, where every operation runs as it is called, between the host's
@@ -49,9 +50,9 @@ class StepResult:
     loss: float
     grad_norm: float
     step_time_s: float
-    terminate: bool
-    """Some rank had been sent SIGTERM when this step was queued (the same answer on every
-    rank: the flag is summed over ranks on the device)."""
+    stop_signal: int
+    """The signal some rank had been sent when this step was queued, 0 for none (the same
+    answer on every rank: the largest over the ranks, taken on the device)."""
 
 
 @dataclass
@@ -79,14 +80,15 @@ class StepQueue:
         return self.clock.mark()
 
     def push(self, step: int, start, loss: torch.Tensor, grad_norm: torch.Tensor,
-             signalled: bool) -> None:
-        """Queue the copy of step ``step``'s results (0-d device tensors; ``signalled``: this
-        rank has been sent SIGTERM) behind the step; nothing here waits for the GPU."""
+             stop_signal: int) -> None:
+        """Queue the copy of step ``step``'s results (0-d device tensors; ``stop_signal``: the
+        signal this rank has been sent to stop, 0 for none) behind the step; nothing here waits
+        for the GPU."""
         end = self.clock.mark()
         # torch.full launches a fill kernel with the flag as its argument: unlike
         # torch.tensor(flag, device=...) there is no host-to-device copy for the host to wait on.
-        flag = torch.full((), float(signalled), dtype=torch.float64, device=self.device)
-        dist.all_reduce(flag)
+        flag = torch.full((), float(stop_signal), dtype=torch.float64, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         values = torch.stack([loss.detach().double(), grad_norm.detach().double(), flag])
         cuda = self.device.type == "cuda"
         host = torch.empty(3, dtype=torch.float64, pin_memory=cuda)
@@ -102,6 +104,6 @@ class StepQueue:
         q = self._queued.popleft()
         if q.copied is not None:
             q.copied.synchronize()
-        loss, grad_norm, signalled = q.host.tolist()
+        loss, grad_norm, stop_signal = q.host.tolist()
         return StepResult(q.step, loss, grad_norm, self.clock.seconds(q.start, q.end),
-                          signalled > 0)
+                          int(stop_signal))

@@ -57,11 +57,14 @@ def torchrun_cmd(nproc: int, launcher: list[str] | None = None,
     return [sys.executable, "-m", via, *launcher, f"--nproc-per-node={nproc}", "-m", module]
 
 
-def start(cmd: list[str], **env: str) -> subprocess.Popen:
+def start(cmd: list[str], own_process_group: bool = False, **env: str) -> subprocess.Popen:
     """A training command started in the background from the repository, with the training
-    environment (``child_env``); its stdout and stderr in one text pipe."""
+    environment (``child_env``); its stdout and stderr in one text pipe. ``own_process_group``:
+    the command leads a process group of its own, as a terminal's foreground job does, so a
+    test can signal that group (`os.killpg`) the way Ctrl-C does without signalling pytest."""
     return subprocess.Popen(cmd, cwd=REPO, env=child_env(**env), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            process_group=0 if own_process_group else None)
 
 
 def finetune_in_one_process(cache: Path, *flags: str, env: dict | None = None,

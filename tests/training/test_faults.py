@@ -1,13 +1,14 @@
 """Faults under torchrun with restarts allowed: a worker SIGKILLed mid-run, a worker killed while
-writing a checkpoint, the job sent SIGTERM (as Kubernetes ends a pod), a whole "node" (agent and
-worker) lost under the etcd rendezvous, and a hung (SIGSTOPped) worker. Each must end where an uninterrupted run ends, or end within its
-configured bound."""
+writing a checkpoint, the job sent SIGTERM (as Kubernetes ends a pod) or SIGINT (Ctrl-C), a
+whole "node" (agent and worker) lost under the etcd rendezvous, and a hung (SIGSTOPped) worker.
+Each must end where an uninterrupted run ends, or end within its configured bound."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from tests.training.conftest import (
     train,
 )
 from training.checkpoint import COMPLETE_MARKER, complete_checkpoints
-from training.termination import EXIT_CODE as TERMINATED_EXIT_CODE
+from training.termination import exit_status
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -104,72 +105,155 @@ def test_killed_while_saving_resumes_from_previous_checkpoint(reference, tmp_pat
     assert sorted(p.name for p in ckpt.iterdir()) == [f"step_{N:08d}", f"step_{STEPS:08d}"]
 
 
-def test_sigterm_saves_the_step_and_the_next_start_matches_uninterrupted(reference, tmp_path,
-                                                                          tiny_cache):
-    """Checked against the uninterrupted reference run and README's account of an ended pod:
-    the job's launcher (training.launch, torchrun) is sent SIGTERM (as Kubernetes ends a pod)
-    after step 2 of a run whose only regular checkpoint is the last step's; its workers finish
-    the step in flight, save it, and the launcher exits 143 with one line and no traceback
-    (before: torchrun printed a SignalException traceback and exited 1); the same command
-    started again resumes from that step and ends with the reference's losses at every step,
-    the final one included."""
+def _kill_job(proc: subprocess.Popen) -> None:
+    """A failed test's cleanup: torchrun's workers (in sessions of their own, so they outlive a
+    SIGKILLed torchrun) and then torchrun."""
+    if proc.poll() is None:
+        for pid in _workers(proc.pid).values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.kill()
+
+
+def _send(proc: subprocess.Popen, signum: signal.Signals) -> None:
+    """What sends ``signum`` to the job in use: SIGTERM from the kubelet to the container's first
+    process, torchrun; SIGINT from a terminal's Ctrl-C to its whole foreground process group
+    (torchrun's workers run in sessions of their own, so it reaches them through torchrun)."""
+    if signum == signal.SIGINT:
+        os.killpg(proc.pid, signum)
+    else:
+        os.kill(proc.pid, signum)
+
+
+STOP_SIGNALS = pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT],
+                                       ids=["SIGTERM-pod-ended", "SIGINT-ctrl-c"])
+
+
+def _assert_one_line_per_process(out: str, signum: signal.Signals) -> None:
+    """The launcher's one line and status 128 + the signal; no worker's traceback."""
+    status = exit_status(signum)
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-4000:]
+    assert f"torchrun: stopped by {signum.name}" in out, out[-4000:]
+    assert out.count(f"exit status {status}") == 1, out[-4000:]
+
+
+@STOP_SIGNALS
+def test_a_stop_signal_saves_the_step_and_the_next_start_matches_uninterrupted(
+        reference, tmp_path, tiny_cache, signum):
+    """Checked against the uninterrupted reference run and README's account of an ended pod and
+    of Ctrl-C: the job's launcher (training.launch, torchrun) is sent SIGTERM (as Kubernetes
+    ends a pod) or its process group SIGINT (as a terminal's Ctrl-C) after step 2 of a run whose
+    only regular checkpoint is the last step's; its workers finish the step in flight, save it,
+    and the launcher exits 128 + the signal (143, 130) with one line and no traceback (before:
+    torchrun printed a SignalException traceback and exited 1; on SIGINT every worker printed a
+    KeyboardInterrupt traceback); the same command started again resumes from that step and
+    ends with the reference's losses at every step, the final one included."""
     ckpt = tmp_path / "ckpt"
     metrics = tmp_path / "metrics.jsonl"
     flags = ["--batch-size", "4", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "0"]
     launcher = ["--standalone", "--max-restarts=0", "--monitor-interval=0.5"]
     cmd = torchrun_cmd(2, launcher, via="training.launch") + [
         *TINY_FLAGS, "--cache-dir", str(tiny_cache), *flags, "--metrics-file", str(metrics)]
-    proc = start(cmd, FSDP_EKS_TEST_STEP_DELAY_S="0.5")
+    proc = start(cmd, own_process_group=True, FSDP_EKS_TEST_STEP_DELAY_S="0.5")
     try:
         _wait_for_step(metrics, 2, [proc], timeout=120)
-        os.kill(proc.pid, signal.SIGTERM)
+        _send(proc, signum)
         out, _ = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        _kill_job(proc)
     stopped = max(steps_of(metrics))
-    assert proc.returncode == TERMINATED_EXIT_CODE, out[-4000:]
-    assert "Traceback" not in out, out[-4000:]
-    assert "torchrun: stopped by SIGTERM" in out and "exit status 143" in out, out[-4000:]
+    assert proc.returncode == exit_status(signum), out[-4000:]
+    _assert_one_line_per_process(out, signum)
     assert 2 <= stopped < STEPS, out[-4000:]
-    assert f"stopped after step {stopped} on SIGTERM" in out, out[-4000:]
+    assert out.count(f"stopped after step {stopped} on {signum.name}") == 1, out[-4000:]
     assert [s for s, _ in complete_checkpoints(ckpt)] == [stopped]
     again = train(tmp_path, *flags, cache=tiny_cache, launcher=launcher).check()
     assert f"resumed from {ckpt}/step_{stopped:08d}" in again.output
-    assert_losses_close(again.losses(), reference.losses(), BITWISE_RTOL, "SIGTERM + restart")
+    assert_losses_close(again.losses(), reference.losses(), BITWISE_RTOL,
+                        f"{signum.name} + restart")
     assert again.losses()[-1] == reference.losses()[-1]
 
 
-def test_sigterm_in_the_setup_ends_every_rank_with_one_line(tmp_path, tiny_cache):
+@STOP_SIGNALS
+def test_a_stop_signal_in_the_setup_ends_every_rank_with_one_line(tmp_path, tiny_cache, signum):
     """Checked against training/termination.py's rule for the setup: the launcher is sent
-    SIGTERM while both ranks are in the setup, past its first collectives (a test hook pauses
-    them there); every worker stops at once with one line, nothing is trained or saved, and
-    the launcher exits 143 without a traceback (before: the handler was installed only at the
-    loop, so the workers died by the signal and torchrun exited 1 with a traceback; a rank
-    that had installed it while its peer had not failed with a gloo connection reset)."""
+    SIGTERM (or its process group SIGINT, as Ctrl-C) while both ranks are in the setup, past
+    its first collectives (a test hook pauses them there); every worker stops at once, nothing
+    is trained or saved, and the launcher exits 128 + the signal with one line and no traceback
+    (before: the handler was installed only at the loop, so the workers died by the signal and
+    torchrun exited 1 with a traceback; a rank that had installed it while its peer had not
+    failed with a gloo connection reset; on SIGINT every worker printed a KeyboardInterrupt
+    traceback)."""
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
     cmd = torchrun_cmd(2, ["--standalone", "--max-restarts=0", "--monitor-interval=0.5"],
                        via="training.launch") + [
         *TINY_FLAGS, "--cache-dir", str(tiny_cache), "--checkpoint-dir", str(ckpt),
         "--metrics-file", str(metrics)]
-    proc = start(cmd, FSDP_EKS_TEST_SETUP_PAUSE_S="120")
+    proc = start(cmd, own_process_group=True, FSDP_EKS_TEST_SETUP_PAUSE_S="120")
     seen: list[str] = []
     try:
         while sum("pauses 120 s in the setup" in line for line in seen) < 2:
             line = proc.stdout.readline()
             assert line, "the run ended before the setup's pause:\n" + "".join(seen[-40:])
             seen.append(line)
+        _send(proc, signum)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        _kill_job(proc)
+    out = "".join(seen) + out
+    assert proc.returncode == exit_status(signum), out[-4000:]
+    _assert_one_line_per_process(out, signum)
+    assert out.count(f"stopped on {signum.name} before the first step: nothing to save yet") == 1, (
+        out[-4000:])
+    assert not steps_of(metrics) and not complete_checkpoints(ckpt)
+
+
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_saved_step(tmp_path, tiny_cache):
+    """Checked against training/termination.py's rule for one rank signalled (a node reclaimed
+    alone): only rank 1's worker is sent SIGINT mid-run; rank 0, never signalled, learns it
+    from the step's all-reduce, both stop after the same step, that step's checkpoint is
+    complete, and the leader's line names the peer's signal; nothing was trained past it."""
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
+    cmd = torchrun_cmd(2, ["--standalone", "--max-restarts=0", "--monitor-interval=0.5"],
+                       via="training.launch") + [
+        *TINY_FLAGS, "--cache-dir", str(tiny_cache), "--batch-size", "4",
+        "--checkpoint-dir", str(ckpt), "--checkpoint-every", "0", "--metrics-file", str(metrics)]
+    proc = start(cmd, FSDP_EKS_TEST_STEP_DELAY_S="0.5")
+    try:
+        _wait_for_step(metrics, 2, [proc], timeout=120)
+        os.kill(_workers(proc.pid)[1], signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        _kill_job(proc)
+    stopped = max(steps_of(metrics))
+    assert 2 <= stopped < STEPS, out[-4000:]
+    assert out.count(f"stopped after step {stopped} on SIGINT") == 1, out[-4000:]
+    assert [s for s, _ in complete_checkpoints(ckpt)] == [stopped]
+
+
+def test_an_error_after_the_stop_signal_ends_with_its_status_and_one_line(tmp_path, tiny_cache):
+    """Checked against training/termination.py's rule for an error on a rank that was sent the
+    signal (a collective cut short by a peer that stopped first): a one-process run is sent
+    SIGTERM mid-run and, by a test hook, raises an error at its next step end, before the loop
+    reads the signal; the process exits 143 with one line naming the signal and the error, and
+    no traceback (without that rule: the error's traceback and status 1)."""
+    metrics = tmp_path / "metrics.jsonl"
+    cmd = [sys.executable, "-m", "training.finetune", *TINY_FLAGS, "--cache-dir", str(tiny_cache),
+           "--metrics-file", str(metrics)]
+    proc = start(cmd, FSDP_EKS_TEST_STEP_DELAY_S="0.5", FSDP_EKS_TEST_FAIL_WHEN_SIGNALLED="1")
+    try:
+        _wait_for_step(metrics, 1, [proc], timeout=120)
         os.kill(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    out = "".join(seen) + out
-    assert proc.returncode == TERMINATED_EXIT_CODE, out[-4000:]
+    assert proc.returncode == exit_status(signal.SIGTERM), out[-4000:]
     assert "Traceback" not in out, out[-4000:]
-    assert "stopped on SIGTERM before the first step: nothing to save yet" in out, out[-4000:]
-    assert "torchrun: stopped by SIGTERM" in out
-    assert not steps_of(metrics) and not complete_checkpoints(ckpt)
+    assert out.count("[rank 0] stopped on SIGTERM (RuntimeError after the signal") == 1, out[-4000:]
+    assert max(steps_of(metrics)) < STEPS
 
 
 def _wait_for_step(metrics: Path, step: int, procs: list[subprocess.Popen], timeout: float) -> None:

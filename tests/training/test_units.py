@@ -4,6 +4,7 @@ packing and order, weight loading, the LR schedule, and the user-facing errors."
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -478,8 +479,9 @@ def test_gpu_clock_samples_are_cut_into_the_steps_that_ran_back_to_back():
 # ----------------------------------------------------------------------------- step results
 def test_step_queue_returns_each_steps_exact_numbers_in_order(world_of_one):
     """Checked against the values pushed: the queue hands back, oldest first, each step's fp32
-    loss and gradient norm exactly as `float()` reads them, whether any rank was sent SIGTERM
-    (summed over the ranks), and a step time from the marks around the step."""
+    loss and gradient norm exactly as `float()` reads them, the stop signal a rank was sent
+    (the largest over the ranks, 0 for none), and a step time from the marks around the
+    step."""
     from training.dist import init_distributed
     from training.step_queue import StepQueue
 
@@ -488,14 +490,14 @@ def test_step_queue_returns_each_steps_exact_numbers_in_order(world_of_one):
         queue = StepQueue(env.device)
         gen = torch.Generator().manual_seed(3)
         pushed = []
-        for step, signalled in ((1, False), (2, True), (3, False)):
+        for step, signalled in ((1, 0), (2, int(signal.SIGINT)), (3, int(signal.SIGTERM))):
             loss, norm = torch.rand(2, generator=gen, dtype=torch.float32) * 10
             start = queue.start()
             queue.push(step, start, loss, norm, signalled)
             pushed.append((step, float(loss), float(norm), signalled))
         assert len(queue) == 3
         popped = [queue.pop() for _ in range(3)]
-        assert [(r.step, r.loss, r.grad_norm, r.terminate) for r in popped] == pushed
+        assert [(r.step, r.loss, r.grad_norm, r.stop_signal) for r in popped] == pushed
         assert all(r.step_time_s >= 0 for r in popped) and len(queue) == 0
     finally:
         torch.distributed.destroy_process_group()

@@ -157,6 +157,32 @@ def _new_cluster(
             public_subnet_ids=network.public_subnet_ids,
         ),
     )
+    gpu = _gpu_nodes(settings, network, cluster, outputs)
+    if not settings.storage.fsx:
+        return cluster, _existing_claim(settings), [gpu.node_group]
+    storage = SharedStorage(
+        "storage",
+        SharedStorageArgs(
+            name=settings.name,
+            region=settings.region,
+            settings=settings.storage,
+            namespace=settings.job.namespace,
+            vpc_id=network.vpc_id,
+            gpu_subnet_ids=network.gpu_subnet_ids,
+            cluster_security_group_id=cluster.cluster_security_group_id,
+            provider=cluster.provider,
+            ready=cluster.ready,
+        ),
+    )
+    outputs[Export.FSX_FILE_SYSTEM_ID] = storage.file_system_id
+    return cluster, storage.claim, [gpu.node_group]
+
+
+def _gpu_nodes(
+    settings: Settings, network: Network, cluster: EksCluster, outputs: dict[Export, object]
+) -> GpuNodeGroup:
+    """The GPU node group and (with ``gpuNodes.scaleDownDelayMinutes`` above 0) the autoscaler
+    that sizes it; adds the group's name and its scale-to-zero command to outputs."""
     gpu = GpuNodeGroup(
         "gpu",
         GpuNodeGroupArgs(
@@ -193,24 +219,7 @@ def _new_cluster(
     # until this command (alert GpuNodesIdle); with it on, it stops them before the delay.
     outputs[Export.GPU_SCALE_TO_ZERO_COMMAND] = gpu.node_group_name.apply(
         lambda group: scale_to_zero_command(settings.name, group, settings.gpu_nodes.max_size, settings.region))
-    if not settings.storage.fsx:
-        return cluster, _existing_claim(settings), [gpu.node_group]
-    storage = SharedStorage(
-        "storage",
-        SharedStorageArgs(
-            name=settings.name,
-            region=settings.region,
-            settings=settings.storage,
-            namespace=settings.job.namespace,
-            vpc_id=network.vpc_id,
-            gpu_subnet_ids=network.gpu_subnet_ids,
-            cluster_security_group_id=cluster.cluster_security_group_id,
-            provider=cluster.provider,
-            ready=cluster.ready,
-        ),
-    )
-    outputs[Export.FSX_FILE_SYSTEM_ID] = storage.file_system_id
-    return cluster, storage.claim, [gpu.node_group]
+    return gpu
 
 
 def _observability(

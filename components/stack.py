@@ -158,24 +158,7 @@ def _new_cluster(
         ),
     )
     gpu = _gpu_nodes(settings, network, cluster, outputs)
-    if not settings.storage.fsx:
-        return cluster, _existing_claim(settings), [gpu.node_group]
-    storage = SharedStorage(
-        "storage",
-        SharedStorageArgs(
-            name=settings.name,
-            region=settings.region,
-            settings=settings.storage,
-            namespace=settings.job.namespace,
-            vpc_id=network.vpc_id,
-            gpu_subnet_ids=network.gpu_subnet_ids,
-            cluster_security_group_id=cluster.cluster_security_group_id,
-            provider=cluster.provider,
-            ready=cluster.ready,
-        ),
-    )
-    outputs[Export.FSX_FILE_SYSTEM_ID] = storage.file_system_id
-    return cluster, storage.claim, [gpu.node_group]
+    return cluster, _shared_storage(settings, network, cluster, outputs), [gpu.node_group]
 
 
 def _gpu_nodes(
@@ -220,6 +203,31 @@ def _gpu_nodes(
     outputs[Export.GPU_SCALE_TO_ZERO_COMMAND] = gpu.node_group_name.apply(
         lambda group: scale_to_zero_command(settings.name, group, settings.gpu_nodes.max_size, settings.region))
     return gpu
+
+
+def _shared_storage(
+    settings: Settings, network: Network, cluster: EksCluster, outputs: dict[Export, object]
+) -> SharedClaim | None:
+    """The checkpoint claim: FSx's (created here, its id added to outputs), else an existing one,
+    else None (each node's NVMe)."""
+    if not settings.storage.fsx:
+        return _existing_claim(settings)
+    storage = SharedStorage(
+        "storage",
+        SharedStorageArgs(
+            name=settings.name,
+            region=settings.region,
+            settings=settings.storage,
+            namespace=settings.job.namespace,
+            vpc_id=network.vpc_id,
+            gpu_subnet_ids=network.gpu_subnet_ids,
+            cluster_security_group_id=cluster.cluster_security_group_id,
+            provider=cluster.provider,
+            ready=cluster.ready,
+        ),
+    )
+    outputs[Export.FSX_FILE_SYSTEM_ID] = storage.file_system_id
+    return storage.claim
 
 
 def _observability(

@@ -84,7 +84,6 @@ def admission_policy_manifest(namespace: str) -> dict:
     """Applies to the training service account's writes of nodes (CREATE, UPDATE, which a PATCH
     is, and DELETE, which RBAC already refuses); denies each that is not its own existing node,
     or that changes anything but adding the quarantine taint."""
-    key = QUARANTINE_TAINT_KEY
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -109,31 +108,39 @@ def admission_policy_manifest(namespace: str) -> dict:
                 {"name": "newTaints",
                  "expression": "object != null && has(object.spec.taints) ? object.spec.taints : []"},
             ],
-            "validations": [
-                {"expression": "oldObject != null && object != null && variables.ownNode != ''"
-                               " && object.metadata.name == variables.ownNode",
-                 "reason": "Forbidden",
-                 "messageExpression": "'the training pods may change only the node they run on (' + "
-                                      "variables.ownNode + '), never create or delete one'"},
-                {"expression": "oldObject == null || object == null || (" + " && ".join(
-                    _unchanged(path) for path in NODE_FIELDS_KEPT) + ")",
-                 "reason": "Forbidden",
-                 "message": f"the training pods may change only a node's taints, by adding {key}"},
-                {"expression": f"variables.newTaints.filter(t, t.key != '{key}')"
-                               f" == variables.oldTaints.filter(t, t.key != '{key}')",
-                 "reason": "Forbidden",
-                 "message": f"the training pods may not add, change or remove a taint other than {key}"},
-                {"expression": f"variables.oldTaints.exists(t, t.key == '{key}')"
-                               f" ? variables.newTaints.filter(t, t.key == '{key}')"
-                               f" == variables.oldTaints.filter(t, t.key == '{key}')"
-                               f" : variables.newTaints.filter(t, t.key == '{key}')"
-                               f".all(t, t.effect == '{QUARANTINE_EFFECT}')",
-                 "reason": "Forbidden",
-                 "message": f"the training pods may only add {key} with effect {QUARANTINE_EFFECT}, "
-                            "never change or remove it"},
-            ],
+            "validations": _validations(),
         },
     }
+
+
+def _validations() -> list[dict]:
+    """The policy's rules, each denying with its own message: only the node the pod runs on, only
+    its taints, only the quarantine taint, and that taint only added (with its effect), never
+    changed or removed."""
+    key = QUARANTINE_TAINT_KEY
+    return [
+        {"expression": "oldObject != null && object != null && variables.ownNode != ''"
+                       " && object.metadata.name == variables.ownNode",
+         "reason": "Forbidden",
+         "messageExpression": "'the training pods may change only the node they run on (' + "
+                              "variables.ownNode + '), never create or delete one'"},
+        {"expression": "oldObject == null || object == null || (" + " && ".join(
+            _unchanged(path) for path in NODE_FIELDS_KEPT) + ")",
+         "reason": "Forbidden",
+         "message": f"the training pods may change only a node's taints, by adding {key}"},
+        {"expression": f"variables.newTaints.filter(t, t.key != '{key}')"
+                       f" == variables.oldTaints.filter(t, t.key != '{key}')",
+         "reason": "Forbidden",
+         "message": f"the training pods may not add, change or remove a taint other than {key}"},
+        {"expression": f"variables.oldTaints.exists(t, t.key == '{key}')"
+                       f" ? variables.newTaints.filter(t, t.key == '{key}')"
+                       f" == variables.oldTaints.filter(t, t.key == '{key}')"
+                       f" : variables.newTaints.filter(t, t.key == '{key}')"
+                       f".all(t, t.effect == '{QUARANTINE_EFFECT}')",
+         "reason": "Forbidden",
+         "message": f"the training pods may only add {key} with effect {QUARANTINE_EFFECT}, "
+                    "never change or remove it"},
+    ]
 
 
 def admission_policy_binding_manifest() -> dict:

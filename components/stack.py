@@ -157,6 +157,15 @@ def _new_cluster(
             public_subnet_ids=network.public_subnet_ids,
         ),
     )
+    gpu = _gpu_nodes(settings, network, cluster, outputs)
+    return cluster, _shared_storage(settings, network, cluster, outputs), [gpu.node_group]
+
+
+def _gpu_nodes(
+    settings: Settings, network: Network, cluster: EksCluster, outputs: dict[Export, object]
+) -> GpuNodeGroup:
+    """The GPU node group and (with ``gpuNodes.scaleDownDelayMinutes`` above 0) the autoscaler
+    that sizes it; adds the group's name and its scale-to-zero command to outputs."""
     gpu = GpuNodeGroup(
         "gpu",
         GpuNodeGroupArgs(
@@ -193,8 +202,16 @@ def _new_cluster(
     # until this command (alert GpuNodesIdle); with it on, it stops them before the delay.
     outputs[Export.GPU_SCALE_TO_ZERO_COMMAND] = gpu.node_group_name.apply(
         lambda group: scale_to_zero_command(settings.name, group, settings.gpu_nodes.max_size, settings.region))
+    return gpu
+
+
+def _shared_storage(
+    settings: Settings, network: Network, cluster: EksCluster, outputs: dict[Export, object]
+) -> SharedClaim | None:
+    """The checkpoint claim: FSx's (created here, its id added to outputs), else an existing one,
+    else None (each node's NVMe)."""
     if not settings.storage.fsx:
-        return cluster, _existing_claim(settings), [gpu.node_group]
+        return _existing_claim(settings)
     storage = SharedStorage(
         "storage",
         SharedStorageArgs(
@@ -210,7 +227,7 @@ def _new_cluster(
         ),
     )
     outputs[Export.FSX_FILE_SYSTEM_ID] = storage.file_system_id
-    return cluster, storage.claim, [gpu.node_group]
+    return storage.claim
 
 
 def _observability(

@@ -36,6 +36,7 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
+import shutil  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -454,14 +455,8 @@ def _checkpoint_cost(step, model, optimizer, where: Path, device: torch.device) 
 
     sync: the step that saves with `dcp.save` minus a plain step (the median of 5). async: the
     time `dcp.async_save` blocks (the state staged into CPU memory), plus what the steps run
-    during the background write lose against the plain step. Three async variants: the default
-    stager (a blocking copy to pageable memory), and a pinned-memory stager with non-blocking
-    copies, kept across saves as a job would (its first save allocates the pinned buffers, the
-    second is the steady state)."""
-    import shutil
-
+    during the background write lose against the plain step (`_async_save_costs`)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
     from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
                                                          get_optimizer_state_dict)
 
@@ -469,27 +464,8 @@ def _checkpoint_cost(step, model, optimizer, where: Path, device: torch.device) 
         return {"model": get_model_state_dict(model),
                 "optimizer": get_optimizer_state_dict(model, optimizer)}
 
-    def timed(n: int) -> list[float]:
-        out = []
-        for _ in range(n):
-            started = time.perf_counter()
-            step()
-            _sync(device)
-            out.append(time.perf_counter() - started)
-        return out
-
-    def local_bytes(tree) -> int:
-        if isinstance(tree, dict):
-            return sum(local_bytes(v) for v in tree.values())
-        if isinstance(tree, (list, tuple)):
-            return sum(local_bytes(v) for v in tree)
-        if isinstance(tree, torch.Tensor):
-            t = tree.to_local() if isinstance(tree, DTensor) else tree
-            return t.numel() * t.element_size()
-        return 0
-
-    base = statistics.median(timed(5))
-    out: dict = {"state_gib_per_rank": local_bytes(state()) / GIB, "plain_step_s": base,
+    base = statistics.median(_synced_step_times(step, device, 5))
+    out: dict = {"state_gib_per_rank": _local_bytes(state()) / GIB, "plain_step_s": base,
                  "dir": str(where)}
     started = time.perf_counter()
     step()
@@ -498,6 +474,20 @@ def _checkpoint_cost(step, model, optimizer, where: Path, device: torch.device) 
     out["sync"] = {"blocked_s": time.perf_counter() - started - base}
     log.info("checkpoint cost: %s", json.dumps(out))
     shutil.rmtree(where / "sync", ignore_errors=True)
+    out.update(_async_save_costs(step, state, where, device, base))
+    return out
+
+
+def _async_save_costs(step, state: Callable[[], dict], where: Path, device: torch.device,
+                      base: float) -> dict:
+    """Variant -> what one `dcp.async_save` of ``state()`` costs against the plain step ``base``.
+    Three variants: the default stager (a blocking copy to pageable memory), and a pinned-memory
+    stager with non-blocking copies, kept across saves as a job would (its first save allocates
+    the pinned buffers, the second is the steady state)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    out: dict = {}
     cuda = device.type == "cuda"  # pinned memory and non-blocking copies need a GPU
     stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
                                           use_async_staging=True, use_non_blocking_copy=cuda))
@@ -515,7 +505,7 @@ def _checkpoint_cost(step, model, optimizer, where: Path, device: torch.device) 
         blocked = time.perf_counter() - started
         during = []
         while not upload.done():
-            during += timed(1)
+            during += _synced_step_times(step, device, 1)
         upload.result()
         out[name] = {"blocked_s": blocked, "write_s": time.perf_counter() - started,
                      "steps_during_write": len(during),
@@ -526,6 +516,29 @@ def _checkpoint_cost(step, model, optimizer, where: Path, device: torch.device) 
         shutil.rmtree(where / name, ignore_errors=True)
     stager.close()
     return out
+
+
+def _synced_step_times(step, device: torch.device, n: int) -> list[float]:
+    """The wall-clock seconds of ``n`` calls of ``step``, each up to the device's sync."""
+    out = []
+    for _ in range(n):
+        started = time.perf_counter()
+        step()
+        _sync(device)
+        out.append(time.perf_counter() - started)
+    return out
+
+
+def _local_bytes(tree) -> int:
+    """The bytes this rank holds of a (nested) state dict: a DTensor's local shard only."""
+    if isinstance(tree, dict):
+        return sum(_local_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(_local_bytes(v) for v in tree)
+    if isinstance(tree, torch.Tensor):
+        t = tree.to_local() if isinstance(tree, DTensor) else tree
+        return t.numel() * t.element_size()
+    return 0
 
 
 def _memory(args: argparse.Namespace, env: DistEnv, model: nn.Module,
@@ -588,6 +601,23 @@ def write(record: dict, out: str, name: str) -> Path:
     return path
 
 
+def _log_record(name: str, record: dict, path: Path) -> None:
+    """One line for the run written to ``path``: its speed, memory and time to the first step,
+    or its status when it did not finish."""
+    if record["status"] != "ok":
+        log.error("%s: %s -> %s", name, record["status"], path)
+        return
+    mem = record["memory_gib"] or {}
+    mfu = record["perf/mfu_pct"]
+    log.info("%s: %.0f tokens/s/GPU, MFU %s, step %.3f s (median %.3f, max %.3f), "
+             "memory %s, first step after %.1f s -> %s", name,
+             record["perf/tokens_per_s_per_gpu"], "n/a" if mfu is None else f"{mfu:.1f}%",
+             record["perf/step_time_s"], record["step_time_s"]["median"],
+             record["step_time_s"]["max"],
+             json.dumps({k: round(v, 2) for k, v in mem.items()}),
+             record["time_to_first_step_s"], path)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
@@ -624,19 +654,7 @@ def main(argv: list[str] | None = None) -> int:
     if env.is_main:
         record["tag"] = name
         record["argv"] = _replayable(argv)
-        path = write(record, args.out, name)
-        if record["status"] == "ok":
-            mem = record["memory_gib"] or {}
-            mfu = record["perf/mfu_pct"]
-            log.info("%s: %.0f tokens/s/GPU, MFU %s, step %.3f s (median %.3f, max %.3f), "
-                     "memory %s, first step after %.1f s -> %s", name,
-                     record["perf/tokens_per_s_per_gpu"], "n/a" if mfu is None else f"{mfu:.1f}%",
-                     record["perf/step_time_s"], record["step_time_s"]["median"],
-                     record["step_time_s"]["max"],
-                     json.dumps({k: round(v, 2) for k, v in mem.items()}),
-                     record["time_to_first_step_s"], path)
-        else:
-            log.error("%s: %s -> %s", name, record["status"], path)
+        _log_record(name, record, write(record, args.out, name))
     if status == 0:
         dist.destroy_process_group()
     return status

@@ -2,8 +2,13 @@
 
 Each field's attribute docstring is its ``--help`` text, each field name is its flag
 (``seq_len`` -> ``--seq-len``), so defaults and documentation live in exactly one place.
-A user mistake raises ``ValueError`` naming the flag to change; ``build_parser`` turns that into
-an argparse usage error.
+
+A config is checked once, where it is made from the user's input, not at construction (no
+section validates in ``__post_init__``): ``from_fields`` builds it and raises ``ConfigError`` (a
+``ValueError``) listing every mistake at once, each naming the flag to change. ``parse_args``
+(the pod's command line) goes through it and turns the error into an argparse usage error; the
+stack's preview calls it on the stack file's values. Build a ``JobConfig`` from input only
+through these two; ``dataclasses.replace`` of a checked config is not checked again.
 """
 
 from __future__ import annotations
@@ -166,6 +171,7 @@ class DataConfig(_Section):
     chat, get no loss); --no-mask-prompt trains on every token."""
 
     def __post_init__(self) -> None:
+        # Fills in what the fields imply; the checks are problems(), run by from_fields.
         if self.data_format == "auto" and (self.prompt_field or self.response_field):
             object.__setattr__(self, "data_format", "fields")  # the fields imply the format
 
@@ -463,7 +469,8 @@ class NodeCheckConfig(_Section):
 
 @dataclass(frozen=True, kw_only=True)
 class JobConfig:
-    """The whole fine-tuning job."""
+    """The whole fine-tuning job. Its constructor checks nothing: made from input, it comes from
+    ``from_fields`` or ``parse_args``, which run ``problems()``."""
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
@@ -606,6 +613,8 @@ def config_from_namespace(ns: argparse.Namespace) -> JobConfig:
 
 
 def parse_args(argv: list[str] | None = None) -> JobConfig:
+    """The checked job config of a command line (``from_fields``); a mistake exits as argparse's
+    usage error (status 2) naming each flag."""
     parser = build_parser()
     ns = parser.parse_args(argv)
     try:

@@ -215,10 +215,16 @@ def _stop_on_termination(run: _Run, out: MetricsLogger, step: int, saved: bool,
     save on every rank, and stop (training/termination.py)."""
     if run.ckpt:
         if not saved:
-            run.ckpt.save(step, run.model, run.optimizer, run.state, {})
-            out.checkpoint()
+            _save(run, out, step, evaluated=False)
         run.ckpt.close()
     raise Terminated(signum, step, saved=run.ckpt is not None)
+
+
+def _save(run: _Run, out: MetricsLogger, step: int, evaluated: bool) -> None:
+    """Save `step`'s checkpoint (with the eval loss where `step` was just evaluated) and count it."""
+    run.ckpt.save(step, run.model, run.optimizer, run.state,
+                  {EVAL_LOSS_KEY: run.evaluator.records[-1]["eval/loss"]} if evaluated else {})
+    out.checkpoint()
 
 
 def _train(cfg: JobConfig, run: _Run, out: MetricsLogger, flops_token: float, env: DistEnv,
@@ -259,10 +265,7 @@ def _train(cfg: JobConfig, run: _Run, out: MetricsLogger, flops_token: float, en
         if evaluated:
             out.eval(run.evaluator(run.model, step, run.state.epoch))
         if saved:
-            run.ckpt.save(step, run.model, run.optimizer, run.state,
-                          {EVAL_LOSS_KEY: run.evaluator.records[-1]["eval/loss"]}
-                          if evaluated else {})
-            out.checkpoint()
+            _save(run, out, step, evaluated)
         if fault_stop:
             if run.ckpt:
                 run.ckpt.close()

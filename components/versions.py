@@ -261,7 +261,10 @@ CLUSTER_AUTOSCALER_IMAGE_TAGS: dict[str, str] = {
     # -1.36.1 of kubernetes/autoscaler (all 2026-07-22). The autoscaler's README asks for the
     # minor that matches the control plane's, as it simulates that version's scheduler (cluster-autoscaler/README.md, "Releases": "using
     # different versions of scheduler code can lead to subtle issues").
-    "1.33": "v1.33.6", "1.34": "v1.34.5", "1.35": "v1.35.2", "1.36": "v1.36.1",
+    "1.33": "v1.33.6",
+    "1.34": "v1.34.5",
+    "1.35": "v1.35.2",
+    "1.36": "v1.36.1",
 }
 """Cluster Autoscaler image per Kubernetes minor (a version in ``EKS_ADDONS`` without one here
 fails a test)."""

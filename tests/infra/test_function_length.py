@@ -13,9 +13,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("components", "training", "offline")
 LIMIT = 50
 """The first length that is too long, in lines."""
-ALLOWED_LONG: frozenset[tuple[str, str]] = frozenset({("training/node_check.py", "_check")})
-"""(file, function) that may still be long: split on another branch, and removed from here when
-that branch lands (the test below fails once the function is short, so the entry cannot stay)."""
 
 
 def long_functions(root: Path, packages: tuple[str, ...] = PRODUCT) -> dict[tuple[str, str], int]:
@@ -33,14 +30,9 @@ def long_functions(root: Path, packages: tuple[str, ...] = PRODUCT) -> dict[tupl
 
 
 def test_no_product_function_is_50_lines_or_more():
-    long = {key: lines for key, lines in long_functions(ROOT).items() if key not in ALLOWED_LONG}
+    long = long_functions(ROOT)
     assert not long, "split these where a reader would: " + ", ".join(
         f"{file} {name} ({lines} lines)" for (file, name), lines in sorted(long.items()))
-
-
-def test_every_allowed_long_function_is_still_long():
-    stale = ALLOWED_LONG - set(long_functions(ROOT))
-    assert not stale, f"no longer long (or gone): remove from ALLOWED_LONG: {sorted(stale)}"
 
 
 def _function(name: str, lines: int, indent: str = "", nested: bool = False) -> str:

@@ -102,20 +102,27 @@ def check_paths(cfg: JobConfig) -> None:
     metrics = cfg.metrics.metrics_file
     _check_export_target(c.output_dir, {"--checkpoint-dir": c.checkpoint_dir,
                                         "--metrics-file": metrics})
-    if metrics is not None and Path(metrics).expanduser().is_dir():
-        raise UserError(f"--metrics-file {metrics}: is a directory; give a file path")
-    blocking = None if metrics is None else _file_in_the_way(Path(metrics).expanduser().parents)
-    if blocking is not None:
-        raise UserError(f"--metrics-file {metrics}: {blocking} is a file, not a directory; give "
-                        "a file path whose directories can be created")
-    why = None if metrics is None else (_unwritable(Path(metrics).expanduser().parent)
-                                        or _unappendable(Path(metrics).expanduser()))
-    if why is not None:
-        raise UserError(f"--metrics-file {metrics}: {why}; give a file path the job's user can "
-                        "write")
+    if metrics is not None:
+        _check_metrics_file(metrics)
     if c.keep_best and c.checkpoint_dir is None:
         raise UserError("--keep-best: needs --checkpoint-dir (the best checkpoint is kept there "
                         "and exported at the end)")
+
+
+def _check_metrics_file(metrics: str) -> None:
+    """Refuse a --metrics-file that is a directory, lies below a file, or cannot be appended
+    to (or created) by this process."""
+    path = Path(metrics).expanduser()
+    if path.is_dir():
+        raise UserError(f"--metrics-file {metrics}: is a directory; give a file path")
+    blocking = _file_in_the_way(path.parents)
+    if blocking is not None:
+        raise UserError(f"--metrics-file {metrics}: {blocking} is a file, not a directory; give "
+                        "a file path whose directories can be created")
+    why = _unwritable(path.parent) or _unappendable(path)
+    if why is not None:
+        raise UserError(f"--metrics-file {metrics}: {why}; give a file path the job's user can "
+                        "write")
 
 
 def _check_export_target(output_dir: str | None, others: dict[str, str | None]) -> None:

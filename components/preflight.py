@@ -27,8 +27,9 @@ is raised at once in one ``SettingsError``, as the parse does:
 - **A capacity block.** ``aws.ec2.get_capacity_block_reservation`` gives its state, dates, AZ,
   instance type and count: a block that has not started or has ended, sits in another AZ, holds
   another type or fewer instances than the group's nodes fails the node group about 20 minutes
-  into ``up``, after EKS, NAT and FSx bill: refused. (An On-Demand Capacity Reservation has no
-  read data source in this pulumi-aws: README's checklist row stays the check.)
+  into ``up``, after EKS, NAT and FSx bill: refused, as is an id the read does not find. (An
+  On-Demand Capacity Reservation has no read data source in this pulumi-aws: README's checklist
+  row stays the check.)
 - **Add-on pins.** ``aws.eks.get_addon_version(most_recent=True)`` gives the newest build EKS
   offers of each add-on the stack creates for the cluster's Kubernetes version; a pin newer than
   that does not exist for the version and CreateAddon would fail after the cluster is up. An
@@ -250,7 +251,15 @@ def account_problems(settings: Settings) -> tuple[list[Problem], list[Problem]]:
         problems += creator_access_problems(settings, caller_role_arn())
     g = settings.gpu_nodes
     if g.capacity_block and g.capacity_reservation_id is not None:
-        problems += capacity_block_problems(settings, capacity_block(g.capacity_reservation_id, region))
+        try:
+            block = capacity_block(g.capacity_reservation_id, region)
+        except Exception as error:  # a failed invoke is a plain Exception (pulumi runtime/invoke.py)
+            problems.append(Problem("gpuNodes.capacityReservationId", g.capacity_reservation_id,
+                                    f"cannot read the capacity block in {region} ({error}): give the id of "
+                                    "a capacity block of this account and region (aws ec2 "
+                                    f"describe-capacity-reservations --region {region})"))
+        else:
+            problems += capacity_block_problems(settings, block)
     if version in versions.EKS_ADDONS:
         problems += addon_pin_problems(version, newest_addon_versions(version, region, created_addons(settings)))
     return problems, warnings

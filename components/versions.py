@@ -253,7 +253,7 @@ CLUSTER_AUTOSCALER = HelmChart(
     repo="https://kubernetes.github.io/autoscaler",
 )
 """The Kubernetes Cluster Autoscaler's chart, the newest release (tag
-``cluster-autoscaler-chart-9.59.0``, 2026-07-21; components/charts/PROVENANCE.md). Its default
+``cluster-autoscaler-chart-9.59.0``, 2026-07-21; vendor/PROVENANCE.md). Its default
 image is v1.35.0: the values set ``CLUSTER_AUTOSCALER_IMAGE_TAGS`` for the cluster's version."""
 CLUSTER_AUTOSCALER_IMAGE = "registry.k8s.io/autoscaling/cluster-autoscaler"
 CLUSTER_AUTOSCALER_IMAGE_TAGS: dict[str, str] = {

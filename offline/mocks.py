@@ -169,8 +169,8 @@ class AwsLikeMocks(pulumi.runtime.Mocks):
             return {**args.args, "version": self.addon_versions[key], "id": args.args["addonName"]}
         if args.token == "aws:ec2/getCapacityBlockReservation:getCapacityBlockReservation":
             block = self.capacity_blocks.get(args.args["id"])
-            if block is None:  # as AWS answers an unknown id
-                raise Exception(f"InvalidCapacityReservationId.NotFound: {args.args['id']}")
+            if block is None:  # as AWS answers an unknown id: the data source fails, not the RPC
+                return {}, [("id", f"InvalidCapacityReservationId.NotFound: {args.args['id']}")]
             return {**block, "id": args.args["id"], "reservationType": "capacity-block"}
         if args.token == "aws:index/getRegion:getRegion":
             return {"region": self.region, "name": self.region}

@@ -550,3 +550,12 @@ def test_preview_refuses_a_capacity_block_the_nodes_cannot_launch_into(change, e
     block = offline_mocks.example_capacity_blocks(config)[BLOCK_ID] | change
     message, created = refused(config, "p5-block", capacity_blocks={BLOCK_ID: block})
     assert expected in message and created == []
+
+
+def test_preview_names_a_capacity_block_the_account_does_not_have():
+    """A mistyped id, or one of another region: the read fails (InvalidCapacityReservationId.NotFound)
+    and preview names the key, instead of ending in the invoke's traceback."""
+    config = variant_config("p5", gpuNodes={"capacityReservationId": BLOCK_ID, "capacityBlock": True})
+    message, created = refused(config, "p5-no-block", capacity_blocks={})
+    assert f"fsdp-eks:gpuNodes.capacityReservationId = '{BLOCK_ID}': cannot read the capacity block" in message
+    assert "InvalidCapacityReservationId.NotFound" in message and created == []

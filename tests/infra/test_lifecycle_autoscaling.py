@@ -32,6 +32,7 @@ from offline import rendering
 from tests.harness import (
     GPU_TAINT,
     Recording,
+    Registration,
     job_of,
     plain,
     release,
@@ -63,9 +64,15 @@ def autoscaler_args(recording: Recording) -> dict[str, str]:
     return dict(arg.removeprefix("--").split("=", 1) for arg in c["command"] if arg.startswith("--") and "=" in arg)
 
 
+def gpu_group(recording: Recording) -> Registration:
+    """The GPU node group (the stack's one node group named ``*-gpu``)."""
+    [group] = [r for r in recording.of_type(NODE_GROUP) if r.name.endswith("-gpu")]
+    return group
+
+
 def gpu_group_tags(recording: Recording) -> dict[str, str]:
     """The tags the program puts on the GPU node group's Auto Scaling group."""
-    [group] = [r for r in recording.of_type(NODE_GROUP) if r.name.endswith("-gpu")]
+    group = gpu_group(recording)
     asg = f"eks-{group.name}-0000"  # what the mock names it, as EKS does: eks-<node group>-<uuid>
     tags = [r.inputs for r in recording.of_type(ASG_TAG)]
     assert all(t["autoscalingGroupName"] == asg for t in tags), "a tag on another group than the GPU one"
@@ -159,8 +166,7 @@ def test_step_job_ends_nodes_leave_after_the_delay(run: Recording):
     discovery = args["node-group-auto-discovery"].removeprefix("asg:tag=").split(",")
     tags = gpu_group_tags(run)
     assert f"{DISCOVERY_TAG}={tags[DISCOVERY_TAG]}" in discovery, "the autoscaler would find the system group too"
-    [gpu_group] = [r for r in run.of_type(NODE_GROUP) if r.name.endswith("-gpu")]
-    assert plain(gpu_group.inputs["scalingConfig"])["minSize"] == 0
+    assert plain(gpu_group(run).inputs["scalingConfig"])["minSize"] == 0
 
 
 def test_step_scaling_down_is_allowed_on_this_clusters_gpu_group_only(run: Recording):
@@ -194,9 +200,8 @@ def test_step_the_idle_alert_waits_past_the_longest_delay():
 def test_step_pulumi_up_leaves_the_autoscalers_size():
     """A later `pulumi up` does not set the group back to the stack file's desiredSize (the
     autoscaler owns it); without the autoscaler the stack file does."""
-    [on] = [r for r in variant("p5").of_type(NODE_GROUP) if r.name.endswith("-gpu")]
-    [off] = [r for r in variant("p5", gpuNodes={"scaleDownDelayMinutes": 0}).of_type(NODE_GROUP)
-             if r.name.endswith("-gpu")]
+    on = gpu_group(variant("p5"))
+    off = gpu_group(variant("p5", gpuNodes={"scaleDownDelayMinutes": 0}))
     assert on.ignore_changes == ["scalingConfig.desiredSize"]
     assert off.ignore_changes == []
     assert not variant("p5", gpuNodes={"scaleDownDelayMinutes": 0}).of_type(ASG_TAG)
@@ -209,8 +214,7 @@ def test_step_next_job_fits_the_node_the_autoscaler_builds_from_zero(run: Record
     """With the group at zero, the autoscaler adds a node only if the pending worker fits the
     node it builds from the group's tags: the GPU taint, the labels the worker selects on (the
     Lustre label with FSx), its GPUs and EFA interfaces."""
-    instance_type = run.one(NODE_GROUP, next(r.name for r in run.of_type(NODE_GROUP)
-                                             if r.name.endswith("-gpu"))).inputs["instanceTypes"][0]
+    instance_type = gpu_group(run).inputs["instanceTypes"][0]
     node = template_node(gpu_group_tags(run), instance_type)
     assert GPU_TAINT in node["taints"]
     pod = worker(job_of(run))["template"]
@@ -220,7 +224,7 @@ def test_step_next_job_fits_the_node_the_autoscaler_builds_from_zero(run: Record
 def test_the_template_check_sees_a_missing_tag(run: Recording):
     """The step above can fail: without the EFA resource tag (or the taint tag) the worker does
     not fit the imagined node, and the autoscaler would never scale up from zero."""
-    instance_type = next(r for r in run.of_type(NODE_GROUP) if r.name.endswith("-gpu")).inputs["instanceTypes"][0]
+    instance_type = gpu_group(run).inputs["instanceTypes"][0]
     pod = worker(job_of(run))["template"]
     tags = gpu_group_tags(run)
     no_efa = {k: v for k, v in tags.items() if not k.endswith("resources/vpc.amazonaws.com/efa")}
@@ -233,16 +237,14 @@ def test_step_a_gpu_node_waits_for_its_device_plugin_instead_of_a_second_scale_u
     """A joined node advertises GPUs only once the device plugin runs: the node group's label
     ``k8s.amazonaws.com/accelerator`` tells the autoscaler to wait for it (its AWS provider's
     GPULabel) instead of adding more nodes for the same pods."""
-    [group] = [r for r in run.of_type(NODE_GROUP) if r.name.endswith("-gpu")]
-    assert group.inputs["labels"].get("k8s.amazonaws.com/accelerator")
+    assert gpu_group(run).inputs["labels"].get("k8s.amazonaws.com/accelerator")
 
 
 def test_capacity_block_group_starts_at_zero():
     """EKS refuses a desired size above 0 before a capacity block starts: the group is created
     at 0 and the autoscaler adds nodes for the job once the block is active."""
     rec = variant("p5", gpuNodes={"capacityBlock": True, "capacityReservationId": "cr-0123456789abcdef0"})
-    [group] = [r for r in rec.of_type(NODE_GROUP) if r.name.endswith("-gpu")]
-    assert plain(group.inputs["scalingConfig"])["desiredSize"] == 0
+    assert plain(gpu_group(rec).inputs["scalingConfig"])["desiredSize"] == 0
 
 
 # --------------------------------------------------------------------------- a node fails -> quarantined

@@ -101,6 +101,11 @@ def bench_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-steps", type=int, default=0,
                    help="after the timed steps, profile this many more (torch.profiler) and "
                         "write rank 0's Chrome trace beside the JSON (.trace.json.gz)")
+    p.add_argument("--memory-snapshot", action="store_true",
+                   help="after the timed steps, record one more step's allocations with their "
+                        "Python stacks (torch.cuda.memory._record_memory_history) and write "
+                        "rank 0's snapshot beside the JSON (.memory.pickle; what is live at the "
+                        "step's peak: docs/benchmarks/memory_peak.py)")
     p.add_argument("--fsdp-at-world-1", action="store_true",
                    help="keep fully_shard on one GPU (default: local mixed precision there), "
                         "to measure what FSDP costs at world size 1")
@@ -344,6 +349,23 @@ def _profile(args: argparse.Namespace, cfg: JobConfig, env: DistEnv,
         prof.export_chrome_trace(str(trace))
 
 
+def _memory_snapshot(args: argparse.Namespace, cfg: JobConfig, env: DistEnv,
+                     step: Callable[[], tuple]) -> None:
+    """--memory-snapshot: one more step with the allocator's history recorded (Python stacks
+    only: C++ stacks slow every allocation down); rank 0's snapshot beside the JSON."""
+    _sync(env.device)
+    torch.cuda.memory._record_memory_history(max_entries=10**6, stacks="python")
+    try:
+        step()
+        _sync(env.device)
+        if env.is_main:
+            path = Path(args.out) / f"{_name(args, cfg, env)}.memory.pickle"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.cuda.memory._dump_snapshot(str(path))
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
 def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -> dict:
     """Build as the fine-tune does, warm up, time --bench-steps steps, optionally profile and
     measure a checkpoint; returns the run's record."""
@@ -369,6 +391,8 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
     collector.close()
     if args.profile_steps:
         _profile(args, cfg, env, step)
+    if args.memory_snapshot and device.type == "cuda":
+        _memory_snapshot(args, cfg, env, step)
     checkpoint_cost = (_checkpoint_cost(step, model, optimizer, Path(args.checkpoint_cost),
                                         device) if args.checkpoint_cost else None)
     setup = _setup_record(args, cfg, env, model, parallel, source)

@@ -112,8 +112,13 @@ def adamw_update(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
 
 def compile_update(update=adamw_update):
     """`update` (adamw_update's signature) compiled as LocalAdamW runs it on CUDA: the whole
-    graph or an error, sizes symbolic so that every parameter shape shares one kernel."""
-    return torch.compile(update, dynamic=True, fullgraph=True)
+    graph or an error, sizes symbolic so that every parameter shape shares one kernel, and one
+    launch configuration fixed at compile time. Left to autotune, Inductor benchmarks two block
+    sizes at the kernel's first launch and keeps the faster for every later size; on one H200
+    two fresh processes kept different ones, and the update took 31.3 ms in one and 40.3 ms in
+    the other (Llama-3 shape, 16 layers; docs/benchmarks/h200-llama3/)."""
+    return torch.compile(update, dynamic=True, fullgraph=True,
+                         options={"triton.autotune_pointwise": False})
 
 
 class LocalAdamW(torch.optim.AdamW):

@@ -24,7 +24,8 @@ SHAPE="--shape llama2-7b --seq-len 4096 --batch-size 3 --bench-steps 10"
 WARMUP=${WARMUP:-3}  # untimed steps of both sides (phase warm and later: 10); a run's own flag wins
 
 elapsed() { echo $(( $(date +%s) - START )); }
-pack() { tar czf "$OUT/results-$PHASE.tgz" --exclude='*.trace.json.gz' -C "$WORK" json 2>/dev/null; }
+pack() { tar czf "$OUT/results-$PHASE.tgz" --exclude='*.trace.json.gz' --exclude='*.memory.pickle' \
+  -C "$WORK" json 2>/dev/null; }
 run_limited() {  # NAME LIMIT_S COMMAND...
   local name=$1 limit=$2; shift 2
   local now; now=$(elapsed)
@@ -326,6 +327,24 @@ phasel3harness() {  # a second harness's settings on torchtitan's side (its metr
 
 phasel3third() {  # a third sample of the Llama-3 16-layer pair without AC (the team harness)
   l3pairs none
+}
+
+phasel3pin() {  # the update kernel's launch configuration: fixed at compile time (optim.py)
+  # beside Inductor's autotuned choice, two fresh processes each, on the Llama-3 16-layer
+  # parameters (fused_step_bench.py); the Llama-3 pair without AC; ours with 32 layers and full
+  # AC, one more step recorded for what is live at its memory peak (memory_peak.py)
+  versions
+  run_limited step-bench 200 $PY benchmarks/fused_step_bench.py --shape llama3-8b --layers 16 \
+    --variants optim.py,autotuned --repeat 2
+  grep -h "ms/step" "$LOG" | tail -4
+  l3pairs none
+  llama3
+  ours ours-l3-32l-full 150 $SHAPE --activation-checkpointing full --compile --memory-snapshot
+  local snap; for snap in "$WORK"/json/*.memory.pickle; do
+    [ -f "$snap" ] || continue
+    $PY benchmarks/memory_peak.py "$snap" --top 20 2>&1 | tee -a "$LOG"
+    gzip -c "$snap" >"$OUT/$(basename "$snap").gz"
+  done
 }
 
 "phase$PHASE"

@@ -1,6 +1,8 @@
 """Pair table of one device call: `ours-NAME` (training.bench) beside `titan-NAME`
 (peer_torchtitan.py), ratio = ours / torchtitan tokens/s/GPU, each side's slowest timed step
-over its median (a stall shows there); and where `ours-NAME-fsdp`
+over its median (a stall shows there); beside `titan5-NAME` too where it ran (a second harness:
+torchtitan's own metrics logging every 5 steps, `--log-freq 5`; its peak memory is not
+comparable, since that logging resets the peak statistics at each log step); and where `ours-NAME-fsdp`
 ran too (fully_shard at world size 1 with PyTorch's fused AdamW), how far the local path's
 losses are from it, step by step; then each run's timed steps beside the GPU's mean SM clock
 during each (training/gpu_clocks.py), where it was sampled.  python peer_table.py DIR"""
@@ -9,6 +11,10 @@ import glob
 import sys
 
 import records
+
+
+PEERS = (("titan-", ""), ("titan5-", " (torchtitan logging every 5 steps)"))
+"""Tag prefix of each torchtitan run beside ours, and what its row adds to the name."""
 
 
 def load(folder: str) -> dict[str, dict]:
@@ -33,16 +39,17 @@ def main(folder: str) -> None:
     for tag, r in runs.items():
         if not tag.startswith("ours-"):
             continue
-        peer = runs.get("titan-" + tag[len("ours-"):])
+        name = tag[len("ours-"):]
         ours = r["perf/tokens_per_s_per_gpu"]
         mem = (r.get("memory_gib") or {}).get("peak_allocated", 0)
-        if peer:
+        peers = [(label, runs[prefix + name]) for prefix, label in PEERS if prefix + name in runs]
+        for label, peer in peers:
             theirs = peer["perf/tokens_per_s_per_gpu"]
-            print(f"| {tag[5:]} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.3f} | "
-                  f"{max_over_median(r)} | {max_over_median(peer)} | {mem:.1f} | "
-                  f"{peer['memory_gib']['peak_allocated']:.1f} |")
-        else:
-            print(f"| {tag[5:]} | {ours:,.0f} | - | - | {max_over_median(r)} | - | {mem:.1f} | - |")
+            peer_mem = "-" if label else f"{peer['memory_gib']['peak_allocated']:.1f}"
+            print(f"| {name}{label} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.3f} | "
+                  f"{max_over_median(r)} | {max_over_median(peer)} | {mem:.1f} | {peer_mem} |")
+        if not peers:
+            print(f"| {name} | {ours:,.0f} | - | - | {max_over_median(r)} | - | {mem:.1f} | - |")
     for tag, r in runs.items():
         fsdp = runs.get(tag + "-fsdp")
         if tag.startswith("ours-") and fsdp:

@@ -329,22 +329,36 @@ phasel3third() {  # a third sample of the Llama-3 16-layer pair without AC (the 
   l3pairs none
 }
 
-phasel3pin() {  # the update kernel's launch configuration: fixed at compile time (optim.py)
-  # beside Inductor's autotuned choice, two fresh processes each, on the Llama-3 16-layer
-  # parameters (fused_step_bench.py); the Llama-3 pair without AC; ours with 32 layers and full
-  # AC, one more step recorded for what is live at its memory peak (memory_peak.py)
-  versions
-  run_limited step-bench 200 $PY benchmarks/fused_step_bench.py --shape llama3-8b --layers 16 \
-    --variants optim.py,autotuned --repeat 2
-  grep -h "ms/step" "$LOG" | tail -4
-  l3pairs none
-  llama3
-  ours ours-l3-32l-full 150 $SHAPE --activation-checkpointing full --compile --memory-snapshot
+harnesses() {  # NAME LIMIT FLAGS...: torchtitan in the team's harness (titan-NAME) and with
+  # its own metrics logging every 5 steps (titan5-NAME, the second harness), beside one ours-NAME
+  local name=$1 limit=$2; shift 2
+  titan "titan-$name" "$limit" "$@"
+  titan "titan5-$name" "$limit" "$@" --log-freq 5
+}
+
+memory_peaks() {  # what is live at the peak of each recorded step (--memory-snapshot runs)
   local snap; for snap in "$WORK"/json/*.memory.pickle; do
     [ -f "$snap" ] || continue
     $PY benchmarks/memory_peak.py "$snap" --top 20 2>&1 | tee -a "$LOG"
     gzip -c "$snap" >"$OUT/$(basename "$snap").gz"
   done
+}
+
+phasel3pin() {  # the update kernel's launch configuration fixed at compile time (optim.py): the
+  # Llama-3 pairs without AC (one profiled step of ours) and with full AC (one more step of ours
+  # recorded for what is live at its memory peak), the Llama-2 full-AC pair; torchtitan in both
+  # harnesses each time
+  versions
+  llama3
+  ours ours-l3-16l-none 110 $SHAPE --layers 16 --activation-checkpointing none --compile --profile-steps 1
+  harnesses l3-16l-none 110 --layers 16 --ac none
+  ours ours-l3-32l-full 150 $SHAPE --activation-checkpointing full --compile --memory-snapshot
+  harnesses l3-32l-full 130 --layers 32 --ac full
+  memory_peaks
+  SHAPE="--shape llama2-7b --seq-len 4096 --batch-size 3 --bench-steps 20"
+  TITAN_SHAPE="--batch-size 3 --seq-len 4096 --steps 20"
+  ours ours-7b-full 120 $SHAPE --activation-checkpointing full --compile
+  harnesses 7b-full 120 --layers 32 --ac full
 }
 
 "phase$PHASE"

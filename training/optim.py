@@ -92,12 +92,12 @@ def adamw_moments(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor
 
 
 def adamw_update(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
-                 exp_avg_sq: torch.Tensor, copy: torch.Tensor | None, lr: torch.Tensor,
+                 exp_avg_sq: torch.Tensor, copy: torch.Tensor, lr: torch.Tensor,
                  step: torch.Tensor, factor: torch.Tensor | None, beta1: float, beta2: float,
                  eps: float, weight_decay: float) -> None:
     """One AdamW step of one parameter, in place, in torch's order of operations (decoupled
     decay, moments, bias-corrected update); the gradient is upcast to fp32 and scaled by the
-    clipping factor on the way in, and `copy` (if given) receives the new weight in its dtype.
+    clipping factor on the way in, and `copy` receives the new weight in its dtype.
     On CUDA this compiles to a single kernel; `lr`, `step` and `factor` are 0-d device tensors
     so that neither a new learning rate nor a new step recompiles it or waits for the host."""
     adamw_moments(param, grad, exp_avg, exp_avg_sq, lr, factor, beta1, beta2, weight_decay)
@@ -106,8 +106,7 @@ def adamw_update(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
     step_size = lr / (1 - torch.exp2(step * math.log2(beta1)))
     denom = exp_avg_sq.sqrt() / (1 - torch.exp2(step * math.log2(beta2))).sqrt() + eps
     param.sub_(step_size * exp_avg / denom)
-    if copy is not None:
-        copy.copy_(param)
+    copy.copy_(param)
 
 
 def compile_update(update=adamw_update):
@@ -146,6 +145,16 @@ class LocalAdamW(torch.optim.AdamW):
         grad = self.local.grad_of(p)
         return p.grad if grad is None else grad
 
+    def _take(self, p: nn.Parameter) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gradient to apply and where the new compute-dtype weight goes: the local mixed
+        precision's gradient (taken) and the copy it keeps for the next forward; or `.grad`,
+        set from outside, and a copy nobody keeps (the distributed checkpoint's initialising
+        step runs before it loads the weights, so a kept copy would be of the old ones)."""
+        grad = self.local.take_grad(p)
+        if grad is not None:
+            return grad, self.local.copy_for(p)
+        return p.grad, torch.empty_like(p, dtype=self.local.param_dtype)
+
     @torch.no_grad()
     def clip_and_step(self, max_grad_norm: float) -> torch.Tensor:
         """The global gradient norm (fp32, before clipping), then the step with the gradients
@@ -156,6 +165,7 @@ class LocalAdamW(torch.optim.AdamW):
             raise RuntimeError("LocalAdamW.clip_and_step: no parameter has a gradient")
         norm = torch.linalg.vector_norm(
             torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
+        del grads  # the step frees each gradient as it writes the parameter's new copy
         self._factor = clip_factor(norm, max_grad_norm)
         try:
             self.step()
@@ -181,7 +191,7 @@ class LocalAdamW(torch.optim.AdamW):
 
     def _compile(self, device: torch.device) -> None:
         """On CUDA, the update as one compiled kernel per parameter (any size, no recompiles as
-        sizes change; one variant per gradient dtype, with and without a copy to write). Eager
+        sizes change; one variant per gradient dtype). Eager
         (a dozen kernels per parameter, same arithmetic) when compiling is off, and on CPU."""
         if self.compiled and device.type == "cuda" and self._update is adamw_update:
             self._update = compile_update()
@@ -191,23 +201,25 @@ class LocalAdamW(torch.optim.AdamW):
         if closure is not None:
             raise ValueError("LocalAdamW takes no closure")
         for index, group in enumerate(self.param_groups):
-            work = [(p, g) for p in group["params"] if (g := self._grad(p)) is not None]
-            if not work:
+            params = [p for p in group["params"] if self._grad(p) is not None]
+            if not params:
                 continue
-            device = work[0][0].device
+            device = params[0].device
             self._compile(device)
-            states = [self._state(p) for p, _ in work]
+            states = [self._state(p) for p in params]
             torch._foreach_add_([s["step"] for s in states], 1.0)
             lr = self._lr(index, group, device)
             beta1, beta2 = group["betas"]
-            for (p, grad), state in zip(work, states):
-                copy = self.local.copy_of(p)
+            for p, state in zip(params, states):
+                # taken, not looked up: each gradient is freed as its parameter's new copy is
+                # made, so the step holds both for one parameter at a time
+                grad, copy = self._take(p)
                 # views: the kernel writes through them (reshape could copy and lose the writes)
                 self._update(p.detach().view(-1), grad.reshape(-1), state["exp_avg"].view(-1),
-                             state["exp_avg_sq"].view(-1), None if copy is None else copy.view(-1),
-                             lr, state["step"], self._factor, beta1, beta2, group["eps"],
-                             group["weight_decay"])
-        self.local.drop_grads()  # consumed
+                             state["exp_avg_sq"].view(-1), copy.view(-1), lr, state["step"],
+                             self._factor, beta1, beta2, group["eps"], group["weight_decay"])
+                del grad, copy
+        self.local.drop_grads()  # what a step without a gradient for it left
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)

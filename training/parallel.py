@@ -189,9 +189,15 @@ class LocalMixedPrecision:
     float8 convergence run by 0.3 %, a third of the bf16 run-to-run spread, while the copy the
     optimizer writes anyway saves a pass over every float8 weight and gradient per step
     (docs/performance.md, "float8 convergence on real text": one H200, 2026-12-01, JSONs in
-    docs/benchmarks/h200-peer/call8/ and call9/). Memory: the compute-dtype copy of every
-    parameter, 2 B per parameter, is kept between steps; in exchange no fp32 gradient is
-    allocated when one micro-batch makes the step.
+    docs/benchmarks/h200-peer/call8/ and call9/).
+
+    Memory: no fp32 gradient is allocated when one micro-batch makes the step, and a parameter
+    holds its compute-dtype copy or its gradient, never both for long. The copy is dropped
+    when the gradient is ready on the micro-batch that syncs (nothing reads it again before
+    the optimizer writes the next one), and the optimizer takes each gradient as it writes that
+    parameter's new copy (`take_grad`, `copy_for`). So a step's end holds 2 B per parameter of
+    copies and gradients together, not 4 as when the copies were kept through backward, as
+    FSDP frees a unit's unsharded weights after its backward.
     """
 
     def __init__(self, model: nn.Module, param_dtype: torch.dtype):
@@ -235,17 +241,24 @@ class LocalMixedPrecision:
         elif not self.sync:  # the first of several micro-batches: sum them in fp32
             grad = grad.float()
         self.grads[p] = grad
-        if self.sync:
-            self.copies[p] = p.data
+        if self.sync:  # the copy goes (class docstring: memory); the optimizer writes the next
             p.data = self.masters.pop(p)
 
     def grad_of(self, p: nn.Parameter) -> torch.Tensor | None:
         """The step's gradient of `p` (bf16 or fp32), once its last micro-batch is done."""
         return None if p in self.masters else self.grads.get(p)
 
-    def copy_of(self, p: nn.Parameter) -> torch.Tensor | None:
-        """The compute-dtype copy of `p` that must follow its master, if one is kept."""
-        return self.copies.get(p)
+    def take_grad(self, p: nn.Parameter) -> torch.Tensor | None:
+        """`grad_of(p)`, no longer held here: the optimizer's reference is the last one."""
+        return None if p in self.masters else self.grads.pop(p, None)
+
+    def copy_for(self, p: nn.Parameter) -> torch.Tensor:
+        """The compute-dtype tensor the optimizer writes `p`'s next copy into: the one kept
+        (after an evaluation's forward) or a new one, kept for the next forward."""
+        copy = self.copies.get(p)
+        if copy is None:
+            copy = self.copies[p] = torch.empty_like(p, dtype=self.param_dtype)
+        return copy
 
     def drop_grads(self) -> None:
         self.grads.clear()

@@ -112,7 +112,9 @@ class Handed:
     def grad_of(self, p):
         return self.grads[p]
 
-    def copy_of(self, p):
+    take_grad = grad_of  # the same gradients every step: kept
+
+    def copy_for(self, p):
         return self.copies[p]
 
     def drop_grads(self):

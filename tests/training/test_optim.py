@@ -106,7 +106,37 @@ def test_local_adamw_matches_adamw_after_clip_grad_norm():
         for p, expected in zip((model.w, model.b), weights[step]):
             assert p.dtype == torch.float32
             assert _close(p.detach(), expected), (step, (p - expected).abs().max())
-            assert torch.equal(local.copy_of(p), p.detach().bfloat16()), step
+            assert torch.equal(local.copy_for(p), p.detach().bfloat16()), step
+
+
+def test_a_parameter_holds_its_copy_or_its_gradient_not_both():
+    """Checked against the dictionaries that hold them: the backward that syncs drops each
+    bf16 copy as its gradient is kept (a micro-batch that does not sync keeps the copies in
+    place for the next one), and the step takes each gradient as it writes that parameter's
+    new copy: at its k-th update it holds k copies and n - k gradients, never all of both."""
+    model, optimizer = _local_model()
+    local = model.local
+    (cw, cb), = _gradients(1)
+    local.set_requires_gradient_sync(False)
+    model(cw / 2, cb / 2).backward()
+    assert [p.dtype for p in model.parameters()] == [torch.bfloat16] * 2  # copies in place
+    local.set_requires_gradient_sync(True)
+    model(cw / 2, cb / 2).backward()
+    assert [p.dtype for p in model.parameters()] == [torch.float32] * 2
+    assert local.copies == {} and len(local.grads) == 2
+    held = []
+    update = optimizer._update
+
+    def counting(*args):
+        held.append((len(local.copies), len(local.grads)))
+        update(*args)
+
+    optimizer._update = counting
+    optimizer.clip_and_step(MAX_NORM)
+    assert held == [(1, 1), (2, 0)]
+    assert local.grads == {}
+    for p in model.parameters():
+        assert torch.equal(local.copy_for(p), p.detach().bfloat16())
 
 
 def test_gradient_accumulation_sums_micro_batches_in_fp32():

@@ -401,7 +401,8 @@ def run(args: argparse.Namespace, cfg: JobConfig, env: DistEnv, timings: dict) -
               "gpu_clock_per_step": clocks,
               "packed": _packing_record(args, packing),
               "losses": [float(t) for t in losses],
-              "memory_gib": _memory(args, env, model, probe),
+              "memory_gib": _memory(args, env, model, probe,
+                                    _state_bytes_per_param(parallel, cfg.train.grad_accum)),
               "time_to_first_step_s": timings["time_to_first_step_s"],
               "startup_s": {k: v for k, v in timings.items() if k != "time_to_first_step_s"},
               "config": cfg.to_dict()}
@@ -565,11 +566,19 @@ def _local_bytes(tree) -> int:
     return 0
 
 
-def _memory(args: argparse.Namespace, env: DistEnv, model: nn.Module,
-            probe: _StateProbe) -> dict | None:
-    """The allocator's peaks since the warm-up (max over ranks), model state against 16 B x
-    params / world, and the peak projected to --project-world GPUs: model state shrinks as
-    world / project, activations and transients stay. None without a GPU."""
+def _state_bytes_per_param(parallel: Parallelism, grad_accum: int) -> int:
+    """Bytes per parameter held when the optimizer step starts: fp32 weights and AdamW moments
+    (12), and the gradients: fp32 under FSDP and plain fp32 (4); under the local mixed precision
+    the bf16 gradients of one micro-batch (2) or their fp32 sum (4), beside no bf16 copies (the
+    backward dropped them: `parallel.LocalMixedPrecision`)."""
+    return 14 if parallel.local is not None and grad_accum == 1 else 16
+
+
+def _memory(args: argparse.Namespace, env: DistEnv, model: nn.Module, probe: _StateProbe,
+            bytes_per_param: int) -> dict | None:
+    """The allocator's peaks since the warm-up (max over ranks), model state against
+    `bytes_per_param` x params / world, and the peak projected to --project-world GPUs: model
+    state shrinks as world / project, activations and transients stay. None without a GPU."""
     device = env.device
     if device.type != "cuda":
         return None
@@ -578,12 +587,12 @@ def _memory(args: argparse.Namespace, env: DistEnv, model: nn.Module,
          probe.allocated or 0], device)
     local_params = sum((p.to_local() if isinstance(p, DTensor) else p).numel()
                        for p in model.parameters())
-    formula_state = 16 * sum(p.numel() for p in model.parameters()) / env.world_size
+    formula_state = bytes_per_param * sum(p.numel() for p in model.parameters()) / env.world_size
     shrink = state * (1 - env.world_size / args.project_world)
     return {
         "peak_allocated": peak_alloc / GIB, "peak_reserved": peak_reserved / GIB,
         "model_state_measured": state / GIB,
-        "model_state_expected_local": 16 * local_params / GIB,
+        "model_state_expected_local": bytes_per_param * local_params / GIB,
         "model_state_formula": formula_state / GIB,
         "model_state_error_pct": 100.0 * (state - formula_state) / formula_state,
         "activations_and_transients": (peak_alloc - state) / GIB,

@@ -6,8 +6,8 @@ checkpointing; 48.4 % for 13B with selective; eager steps 0.774 of compiled ones
 full AC; float8 linears 1.307 x bf16, measured without AC, times the recipe's speed beside
 tensorwise measured on one H200; the dense-mask attention of packed
 rows, ``packedAttention: sdpa``, 0.842 x, measured on one H200 with documents of 200-400 tokens:
-FlexAttention's packed rows run at least at the plain rate; Llama 3's shape 0.954 x Llama 2's,
-measured on one H200), times the profile's bf16 peak, over the model's FLOPs per token
+FlexAttention's packed rows run at least at the plain rate; Llama 3's shape 0.954 x Llama 2's
+without AC and 0.988 x with full AC, measured on one H200), times the profile's bf16 peak, over the model's FLOPs per token
 (docs/design.md#measuring-speed), is one node's tokens/s per GPU (on another GPU the H200's MFU is
 assumed, and the line says so); the scaling model
 (``scaling_model.py``) then adds what FSDP's collectives cost across the job's nodes. Money: the
@@ -45,13 +45,12 @@ rate, so the default path keeps the plain MFU (a floor); the sdpa path is foreca
 row were packed (it errs low for long records)."""
 
 LLAMA3_VOCAB = 128256
-LLAMA3_SHAPE_FACTOR = 57.381 / 60.149
+LLAMA3_SHAPE_FACTOR = {"none": 57.381 / 60.149, "full": 49.128 / 49.719}
 """MFU of the Llama-3-8B shape (128,256-word vocabulary, 8 KV heads, batch 2) over the Llama-2-7B
-shape's (batch 3), 16 layers each, no AC, compile, one H200, same call
-(docs/benchmarks/h200-llama3/call3): applied to shapes with Llama 3's vocabulary. Measured
-without AC; with full AC the two shapes' one-GPU MFUs from different calls (48.2 % for 32
-layers of Llama 3 in h200-llama3/call2, 49.2 % for Llama-2-7B in h200-sync/call3) give 0.98,
-so there the factor errs low."""
+shape's (batch 3), per activation checkpointing, compile, one H200, each pair from one call:
+16 layers each without AC (docs/benchmarks/h200-llama3/call3), 32 layers each with full AC
+(h200-llama3/call5). Applied to shapes with Llama 3's vocabulary; selective AC, not measured,
+takes the lower of the two."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +80,8 @@ def forecast(shape: ModelShape, job: training_config.JobConfig, profile: Hardwar
     if job.model.packed_attention == "sdpa":
         mfu *= PACKED_SDPA_FACTOR
     if shape.vocab == LLAMA3_VOCAB:
-        mfu *= LLAMA3_SHAPE_FACTOR
+        mfu *= LLAMA3_SHAPE_FACTOR.get(job.parallel.activation_checkpointing,
+                                       min(LLAMA3_SHAPE_FACTOR.values()))
     seq = job.data.seq_len
     one_node = mfu * profile.gpu.peak_bf16_flops / flops_per_token(
         shape.parameters - shape.vocab * shape.hidden, shape.layers, shape.hidden, seq)

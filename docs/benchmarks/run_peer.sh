@@ -361,6 +361,23 @@ phasel3pin() {  # the update kernel's launch configuration fixed at compile time
   harnesses 7b-full 120 --layers 32 --ac full
 }
 
+phasel3fin() {  # the Llama-2 16-layer setups (no AC, float8, packed rows) with torchtitan in
+  # both harnesses, then the Llama-3 packed pair in the second harness; 20 timed steps each
+  versions
+  SHAPE="--shape llama2-7b --seq-len 4096 --batch-size 3 --bench-steps 20"
+  TITAN_SHAPE="--batch-size 3 --seq-len 4096 --steps 20"
+  WARMUP=10
+  ours ours-16l-none 100 $SHAPE --layers 16 --activation-checkpointing none --compile
+  harnesses 16l-none 100 --layers 16 --ac none
+  ours ours-16l-fp8 100 $SHAPE --layers 16 --activation-checkpointing none --compile --precision fp8
+  harnesses 16l-fp8 100 --layers 16 --ac none --float8
+  ours ours-16l-packed-flex 100 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED
+  harnesses 16l-packed-flex 120 --layers 16 --ac none $PACKED --attn flex
+  llama3
+  ours ours-l3-16l-packed-flex 110 $SHAPE --layers 16 --activation-checkpointing none --compile $PACKED
+  titan titan5-l3-16l-packed-flex 130 --layers 16 --ac none $PACKED --attn flex --log-freq 5
+}
+
 "phase$PHASE"
 pack
 echo "--- phase $PHASE done at $(elapsed) s"

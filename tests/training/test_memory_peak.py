@@ -79,3 +79,21 @@ def test_the_script_reads_a_dumped_pickle(memory_peak, tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("peak 4.000 GiB: 3.000 GiB above the 1.000 GiB held before the step")
     assert "3072.0 MiB     1  training/loss.py:91 forward" in out
+
+
+def test_a_recorded_h200_step_peaks_where_the_allocator_counted_it(memory_peak):
+    """Checked against the allocator's own counter: the snapshot recorded on one H200
+    (docs/benchmarks/h200-llama3/call5, Llama-3 shape, 32 layers, full AC) replays to the peak
+    that torch.cuda.max_memory_allocated reported for that run's timed steps (its JSON), within
+    0.01 GiB, and the allocation that reached it is the fused loss's."""
+    import gzip
+    import json
+
+    call = SCRIPT.parent / "h200-llama3" / "call5"
+    with gzip.open(call / "ours-l3-32l-full.memory.pickle.gz") as f:
+        snapshot = pickle.load(f)
+    record = json.loads(next(call.glob("ours-l3-32l-full-*.json")).read_text())
+    lines = memory_peak.summary(snapshot)
+    peak = float(lines[0].split()[1])
+    assert abs(peak - record["memory_gib"]["peak_allocated"]) < 0.01
+    assert "training/loss.py" in lines[2]

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch.distributed as dist
@@ -179,6 +180,39 @@ def test_a_failure_a_new_node_would_not_fix_leaves_the_node(api, world_of_one, t
 @pytest.mark.parametrize("check", ["gpus", "gpu 3 health", "xid", "efa devices"])
 def test_each_hardware_row_quarantines(check):
     assert quarantine.faulty_hardware([nc.Result(NODE, check, False, "x")])
+
+
+class XidNvml(faults.FakeNvml):
+    """NVML that reports one critical Xid event (79: the GPU fell off the bus) during the check."""
+
+    def __init__(self, gpus):
+        super().__init__(gpus)
+        self.pending = [SimpleNamespace(eventData=79)]
+
+    def nvmlEventSetWait_v2(self, events, timeout_ms):
+        if self.pending:
+            return self.pending.pop()
+        return super().nvmlEventSetWait_v2(events, timeout_ms)
+
+
+def failing_hardware_rows() -> dict[str, nc.Result]:
+    """Each hardware check of node_check failing, produced by its own function (so a renamed
+    row cannot slip past the quarantine's list of row names)."""
+    xid = nc.XidWatch(XidNvml([faults.HEALTHY_H100]), 1)
+    return {
+        "gpu count": nc.check_gpu_count(NODE, 8, 7),
+        "gpu health": nc.check_gpu_health(NODE, faults.FakeNvml([{**faults.HEALTHY_H100,
+                                                                  "ecc": 2}]), 1)[0],
+        "xid": xid.result(NODE),
+        "efa devices": nc.check_efa(NODE, 32, ["uverbs0"], None)[0],
+    }
+
+
+@pytest.mark.parametrize("kind", ["gpu count", "gpu health", "xid", "efa devices"])
+def test_each_failing_hardware_check_quarantines_as_node_check_names_it(kind):
+    row = failing_hardware_rows()[kind]
+    assert row.ok is False, row
+    assert quarantine.faulty_hardware([row]) == [row]
 
 
 @pytest.mark.parametrize("check, ok", [("gpus", True), ("gpu 3 health", None), ("ulimit -l", False),

@@ -1,35 +1,24 @@
-"""The world-size-1 optimizer step alone, on the parameters of a --shape (training/shapes.py;
-default Llama-2-7B) cut to --layers decoder layers (16: 3.5 B parameters of Llama 2, 4.5 B of
-Llama 3, as the peer runs), timed per variant on the GPU:
+"""The world-size-1 optimizer step alone, on the parameters of the Llama-2-7B shape cut to
+--layers decoder layers (16: 3.5 B parameters, as the peer runs), timed per variant on the GPU:
 
 - before: what the step cost before `training.optim` (bf16 gradients cast to fp32, then
   `clip_grad_norm_`, PyTorch's fused AdamW, and the next forward's weight casts);
 - LocalAdamW: `training.optim.LocalAdamW.clip_and_step` as the trainer calls it;
 - LocalAdamW with other forms of the update (VARIANTS), to choose between them; measured
   2026-12-01 on one H200 (docs/performance.md): before 55.8 ms, LocalAdamW with pow 33.3 ms,
-  with exp2 (now optim.py's) 30.3 ms;
-- LocalAdamW's update compiled with Inductor's own choice of launch configuration
-  ("autotuned"): it benchmarks two block sizes at the first launch and keeps the faster for
-  every later size, so the choice can differ from one process to the next.
+  with exp2 (now optim.py's) 30.3 ms.
 
-    python docs/benchmarks/fused_step_bench.py [--shape llama3-8b] [--layers 16] [--steps 5]
-        [--variants NAME,...] [--repeat N]
+    python docs/benchmarks/fused_step_bench.py [--layers 16] [--steps 5]
 
-Each variant runs in a process of its own with Inductor's caches off (`--one` runs one), so
-every variant compiles and chooses afresh; --repeat runs each that many times. One line per
-run: milliseconds per optimizer step (CUDA events around --steps steps after 3 warm-up steps),
-the bandwidth its bytes make, the elements each block of the update kernel takes (from the grid
-of its launch on the largest parameter), and the largest weight difference from the 'before'
-step after one step from the same state (relative to the largest weight; 'before' runs first
-in each process only when it is measured or compared against).
+One line per variant: milliseconds per optimizer step (CUDA events around --steps steps after
+3 warm-up steps), the bandwidth its bytes make, and its largest weight difference from the
+'before' step after one step from the same state (relative to the largest weight).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -39,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the GPU machine's copy
 
 from training import optim  # noqa: E402
-from training.shapes import SHAPES  # noqa: E402
 from training.optim import (  # noqa: E402
     LocalAdamW,
     adamw_moments,
@@ -70,34 +58,22 @@ def update_one_division(param, grad, exp_avg, exp_avg_sq, copy, lr, step, factor
     copy.copy_(param)
 
 
-def autotuned(update=adamw_update):
-    """The update compiled as optim.py compiled it before its launch configuration was fixed:
-    Inductor's default, which benchmarks candidate block sizes at the first launch."""
-    return torch.compile(update, dynamic=True, fullgraph=True)
+VARIANTS = {"LocalAdamW (optim.py)": adamw_update, "LocalAdamW, pow": update_pow,
+            "LocalAdamW, one division": update_one_division}
 
 
-VARIANTS = {"optim.py": (adamw_update, compile_update),
-            "autotuned": (adamw_update, autotuned),
-            "pow": (update_pow, compile_update),
-            "one-division": (update_one_division, compile_update)}
-"""LocalAdamW with each form of the update and each way of compiling it, by --variants name."""
-
-
-def shapes(shape: str, layers: int) -> list[tuple[int, ...]]:
-    """The parameter shapes of `shape` cut to `layers` layers, in the model's order."""
-    row = SHAPES[shape]
-    h, kv, ffn = row.hidden, row.kv_width, row.intermediate
-    block = [(h, h), (kv, h), (kv, h), (h, h), (ffn, h), (ffn, h), (h, ffn), (h,), (h,)]
-    return [(row.vocab, h)] + block * layers + [(h,), (row.vocab, h)]
+def shapes(layers: int, hidden=4096, ffn=11008, vocab=32000) -> list[tuple[int, ...]]:
+    block = [(hidden, hidden)] * 4 + [(ffn, hidden)] * 2 + [(hidden, ffn)] + [(hidden,)] * 2
+    return [(vocab, hidden)] + block * layers + [(hidden,), (vocab, hidden)]
 
 
 class Params(torch.nn.Module):
-    def __init__(self, sizes: list[tuple[int, ...]], device: torch.device):
+    def __init__(self, layers: int, device: torch.device):
         super().__init__()
         gen = torch.Generator(device=device).manual_seed(0)
         self.ps = torch.nn.ParameterList(
             torch.nn.Parameter(torch.randn(s, generator=gen, device=device) * 0.02)
-            for s in sizes)
+            for s in shapes(layers))
 
 
 class Handed:
@@ -136,32 +112,10 @@ def before(model: Params, handed: Handed):
     return step
 
 
-def local(model: Params, handed: Handed, update, compiler):
+def local(model: Params, handed: Handed, update):
     optimizer = LocalAdamW(param_groups(model, 0.1), handed, lr=2e-5)
-    optimizer._update = compiler(update)
+    optimizer._update = compile_update(update)
     return lambda: optimizer.clip_and_step(MAX_NORM)
-
-
-def elements_per_block(step, numel: int) -> int | None:
-    """Elements per block of the update kernel: the largest parameter's numel over the grid of
-    the widest Triton launch in one profiled step (None when the profile shows none)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    grids = [e.get("args", {}).get("grid", [0])[0] for e in _kernel_events(prof)
-             if e["name"].startswith("triton_poi")]
-    return -(-numel // max(grids)) if grids else None
-
-
-def _kernel_events(prof) -> list[dict]:
-    import json
-    import tempfile
-
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        return [e for e in json.load(open(f.name))["traceEvents"] if e.get("cat") == "kernel"]
 
 
 def timed(step, steps: int) -> float:
@@ -177,58 +131,34 @@ def timed(step, steps: int) -> float:
     return start.elapsed_time(end) / steps
 
 
-def one(args: argparse.Namespace, name: str) -> None:
-    """One variant in this process: its time, launch configuration and difference."""
-    device = torch.device("cuda")
-    sizes = shapes(args.shape, args.layers)
-    numel = sum(math.prod(s) for s in sizes)
-    reference = scale = None
-    if name == "before" or args.compare:
-        ref_model = Params(sizes, device)
-        ref_handed = Handed(ref_model)
-        before(ref_model, ref_handed)()
-        reference = [p.detach().clone() for p in ref_model.parameters()]
-        scale = max(float(r.abs().max()) for r in reference)
-        del ref_model, ref_handed
-    model = Params(sizes, device)
-    handed = Handed(model)
-    if name == "before":
-        step, bytes_per = before(model, handed), 52
-    else:
-        update, compiler = VARIANTS[name]
-        step, bytes_per = local(model, handed, update, compiler), 30
-    step()
-    diff = "" if reference is None else " weights vs before %.1e" % (max(
-        float((p.detach() - r).abs().max()) for p, r in zip(model.parameters(), reference)) / scale)
-    ms = timed(step, args.steps)
-    block = None if name == "before" else elements_per_block(step, max(map(math.prod, sizes)))
-    print(f"{name:28s} {ms:7.2f} ms/step  {bytes_per} B/param  "
-          f"{bytes_per * numel / ms / 1e9:5.2f} TB/s  {block} elements/block{diff}", flush=True)
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--shape", choices=sorted(SHAPES), default="llama2-7b")
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--variants", default=",".join(["before", *VARIANTS]),
-                   help="comma-separated: before, " + ", ".join(VARIANTS))
-    p.add_argument("--repeat", type=int, default=1, help="runs of each variant")
-    p.add_argument("--compare", action="store_true",
-                   help="also step 'before' from the same state and print the difference")
-    p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.one is not None:
-        return one(args, args.one)
-    numel = sum(math.prod(s) for s in shapes(args.shape, args.layers))
-    print(f"{numel / 1e9:.2f} B parameters, {args.shape} cut to {args.layers} layers", flush=True)
-    env = {**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
-    common = ["--shape", args.shape, "--layers", str(args.layers), "--steps", str(args.steps)]
-    for name in args.variants.split(","):
-        for _ in range(args.repeat):
-            subprocess.run([sys.executable, __file__, *common, *(["--compare"] if args.compare
-                                                               else []), "--one", name],
-                           env=env, check=False)
+    device = torch.device("cuda")
+    numel = sum(math.prod(s) for s in shapes(args.layers))
+    ref_model = Params(args.layers, device)
+    ref_handed = Handed(ref_model)
+    before(ref_model, ref_handed)()
+    reference = [p.detach().clone() for p in ref_model.parameters()]
+    scale = max(float(r.abs().max()) for r in reference)
+    del ref_model, ref_handed
+    runs = {"before": (lambda m, h: before(m, h), 52)}
+    runs.update({name: (lambda m, h, u=u: local(m, h, u), 30) for name, u in VARIANTS.items()})
+    print(f"{numel / 1e9:.2f} B parameters, {args.layers} layers", flush=True)
+    for name, (build, bytes_per) in runs.items():
+        model = Params(args.layers, device)
+        handed = Handed(model)
+        step = build(model, handed)
+        step()
+        diff = max(float((p.detach() - r).abs().max()) for p, r in
+                   zip(model.parameters(), reference)) / scale
+        ms = timed(step, args.steps)
+        print(f"{name:28s} {ms:7.2f} ms/step  {bytes_per} B/param  "
+              f"{bytes_per * numel / ms / 1e9:5.2f} TB/s  weights vs before {diff:.1e}", flush=True)
+        del model, handed, step
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Stop on SIGTERM or SIGINT at the next step boundary, with a checkpoint of that step.
+"""Stop on SIGTERM or SIGINT (or SIGHUP, SIGQUIT) at the next step boundary, with a checkpoint
+of that step.
 
 Kubernetes ends a pod (a node drained, a Spot or capacity-block instance reclaimed, the job
 deleted) with SIGTERM to the container's first process, here torchrun, and SIGKILL after the
@@ -18,7 +19,10 @@ pod's SIGTERM) once, from torchrun. Left to Python's defaults, SIGTERM kills a w
 and SIGINT raises KeyboardInterrupt with a traceback on every rank; either way the steps since
 the last checkpoint are lost.
 
-`TerminationRequest` handles both signals (`STOP_SIGNALS`) the same way, installed in every
+A terminal that hangs up (the ssh session of a `make demo` closed) sends SIGHUP, and
+Ctrl-backslash SIGQUIT, the same way, and torchrun passes those on alike; by default they
+killed each worker (SIGQUIT with a core dump), losing the steps since the last checkpoint, so
+they stop the run too. `TerminationRequest` handles the four (`STOP_SIGNALS`) the same way, installed in every
 worker before its first collective (the rendezvous), so no rank meets a signal with Python's
 default action while another already handles it (before, a rank whose handler was not yet
 installed died outright and its peer failed with a connection reset traceback). During the
@@ -50,8 +54,9 @@ from __future__ import annotations
 
 import signal
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-"""The signals that stop the run at a step boundary: Kubernetes ending the pod, Ctrl-C."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+"""The signals that stop the run at a step boundary: Kubernetes ending the pod, Ctrl-C, a
+terminal hanging up, Ctrl-backslash (the four torchrun's agent passes to its workers)."""
 
 
 def exit_status(signum: int) -> int:

@@ -119,16 +119,20 @@ def _kill_job(proc: subprocess.Popen) -> None:
 
 def _send(proc: subprocess.Popen, signum: signal.Signals) -> None:
     """What sends ``signum`` to the job in use: SIGTERM from the kubelet to the container's first
-    process, torchrun; SIGINT from a terminal's Ctrl-C to its whole foreground process group
-    (torchrun's workers run in sessions of their own, so it reaches them through torchrun)."""
-    if signum == signal.SIGINT:
-        os.killpg(proc.pid, signum)
-    else:
+    process, torchrun; SIGINT (Ctrl-C), SIGQUIT (Ctrl-backslash) and SIGHUP (a hang-up) from a
+    terminal to its whole foreground process group (torchrun's workers run in sessions of their
+    own, so those reach them through torchrun)."""
+    if signum == signal.SIGTERM:
         os.kill(proc.pid, signum)
+    else:
+        os.killpg(proc.pid, signum)
 
 
 STOP_SIGNALS = pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT],
                                        ids=["SIGTERM-pod-ended", "SIGINT-ctrl-c"])
+EVERY_STOP_SIGNAL = pytest.mark.parametrize(
+    "signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT],
+    ids=["SIGTERM-pod-ended", "SIGINT-ctrl-c", "SIGHUP-hang-up", "SIGQUIT-ctrl-backslash"])
 
 
 def _assert_one_line_per_process(out: str, signum: signal.Signals) -> None:
@@ -176,7 +180,7 @@ def test_a_stop_signal_saves_the_step_and_the_next_start_matches_uninterrupted(
     assert again.losses()[-1] == reference.losses()[-1]
 
 
-@STOP_SIGNALS
+@EVERY_STOP_SIGNAL
 def test_a_stop_signal_in_the_setup_ends_every_rank_with_one_line(tmp_path, tiny_cache, signum):
     """Checked against training/termination.py's rule for the setup: the launcher is sent
     SIGTERM (or its process group SIGINT, as Ctrl-C) while both ranks are in the setup, past
@@ -185,7 +189,8 @@ def test_a_stop_signal_in_the_setup_ends_every_rank_with_one_line(tmp_path, tiny
     (before: the handler was installed only at the loop, so the workers died by the signal and
     torchrun exited 1 with a traceback; a rank that had installed it while its peer had not
     failed with a gloo connection reset; on SIGINT every worker printed a KeyboardInterrupt
-    traceback)."""
+    traceback). SIGHUP and SIGQUIT, which torchrun passes on alike, end the same way (before:
+    the default action killed each worker, SIGQUIT with a core dump)."""
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
     cmd = torchrun_cmd(2, ["--standalone", "--max-restarts=0", "--monitor-interval=0.5"],
                        via="training.launch") + [

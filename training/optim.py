@@ -191,8 +191,8 @@ class LocalAdamW(torch.optim.AdamW):
 
     def _compile(self, device: torch.device) -> None:
         """On CUDA, the update as one compiled kernel per parameter (any size, no recompiles as
-        sizes change; one variant per gradient dtype). Eager
-        (a dozen kernels per parameter, same arithmetic) when compiling is off, and on CPU."""
+        sizes change; one variant per gradient dtype). Eager (a dozen kernels per parameter,
+        same arithmetic) when compiling is off, and on CPU."""
         if self.compiled and device.type == "cuda" and self._update is adamw_update:
             self._update = compile_update()
 
@@ -219,7 +219,7 @@ class LocalAdamW(torch.optim.AdamW):
                              state["exp_avg_sq"].view(-1), copy.view(-1), lr, state["step"],
                              self._factor, beta1, beta2, group["eps"], group["weight_decay"])
                 del grad, copy
-        self.local.drop_grads()  # what a step without a gradient for it left
+        self.local.drop_grads()  # any not taken: a parameter outside the optimizer's groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none)

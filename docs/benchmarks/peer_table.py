@@ -26,6 +26,15 @@ def load(folder: str) -> dict[str, dict]:
     return runs
 
 
+def paired(runs: dict[str, dict]) -> list[tuple[str, dict, list[tuple[str, dict]]]]:
+    """Per run of ours: its name (the tag after `ours-`), its record, and the torchtitan runs
+    beside it as (label, record), in `PEERS` order."""
+    return [(tag[len("ours-"):], r,
+             [(label, runs[prefix + tag[len("ours-"):]]) for prefix, label in PEERS
+              if prefix + tag[len("ours-"):] in runs])
+            for tag, r in runs.items() if tag.startswith("ours-")]
+
+
 def max_over_median(r: dict) -> str:
     value = (r.get("step_time_s") or {}).get("max_over_median")
     return "-" if value is None else f"{value:.3f}"
@@ -36,13 +45,9 @@ def main(folder: str) -> None:
     print("| configuration | ours tok/s/GPU | torchtitan tok/s/GPU | ratio | ours max/median step | "
           "torchtitan max/median step | ours peak alloc GiB | torchtitan peak alloc GiB |")
     print("|---|---|---|---|---|---|---|---|")
-    for tag, r in runs.items():
-        if not tag.startswith("ours-"):
-            continue
-        name = tag[len("ours-"):]
+    for name, r, peers in paired(runs):
         ours = r["perf/tokens_per_s_per_gpu"]
         mem = (r.get("memory_gib") or {}).get("peak_allocated", 0)
-        peers = [(label, runs[prefix + name]) for prefix, label in PEERS if prefix + name in runs]
         for label, peer in peers:
             theirs = peer["perf/tokens_per_s_per_gpu"]
             peer_mem = "-" if label else f"{peer['memory_gib']['peak_allocated']:.1f}"

@@ -19,28 +19,27 @@ pod's SIGTERM) once, from torchrun. Left to Python's defaults, SIGTERM kills a w
 and SIGINT raises KeyboardInterrupt with a traceback on every rank; either way the steps since
 the last checkpoint are lost.
 
-A terminal that hangs up (the ssh session of a `make demo` closed) sends SIGHUP, and
-Ctrl-backslash SIGQUIT, the same way, and torchrun passes those on alike; by default they
-killed each worker (SIGQUIT with a core dump), losing the steps since the last checkpoint, so
-they stop the run too. `TerminationRequest` handles the four (`STOP_SIGNALS`) the same way, installed in every
-worker before its first collective (the rendezvous), so no rank meets a signal with Python's
-default action while another already handles it (before, a rank whose handler was not yet
-installed died outright and its peer failed with a connection reset traceback). During the
-setup (data, node check, model, resume) there is no progress to save: the signal raises
-`Terminated` at once on the rank that gets it, and the worker exits with one line and
-`exit_status` (128 + the signal: 143 for SIGTERM, 130 for SIGINT, as a process killed by it).
-Once the loop starts (`defer`), the signal only sets a flag. Every step carries the signal's
-number, the largest over the ranks (one tiny all-reduce queued behind the step, read with the
-step's loss: training/step_queue.py), so every rank learns at the same step whether any of them
-was asked to stop, and by which signal, and a node reclaimed alone stops every rank at the same
-step. The loop reads a step while the next one runs, so it stops after the step queued when it
-reads the flag, one or two steps after the signal; it saves that step's checkpoint (unless it
-just saved it), completes it, and the process exits with `exit_status`: a failure to torchrun
-and to the PyTorchJob's restart policy, so the job resumes instead of counting as done, and
-the next start (the restart, the next submission, the user's next command) resumes from that
-step. An error on a rank that was sent the signal (a peer that stopped first, a collective cut
-short) ends the same way: the signal is the cause, not the error. A second signal (Ctrl-C
-pressed again) changes nothing: the first one's stop is under way.
+A terminal that hangs up (the ssh session of a `make demo` closed) sends SIGHUP, and Ctrl-backslash
+SIGQUIT, the same way, and torchrun passes those on alike; by default they killed each worker
+(SIGQUIT with a core dump), losing the steps since the last checkpoint, so they stop the run too.
+`TerminationRequest` handles the four (`STOP_SIGNALS`) the same way, installed in every worker
+before its first collective (the rendezvous), so no rank meets a signal with Python's default
+action while another already handles it (before, a rank whose handler was not yet installed died
+outright and its peer failed with a connection reset traceback). During the setup (data, node
+check, model, resume) there is no progress to save: the signal raises `Terminated` at once on the
+rank that gets it, and the worker exits with one line and `exit_status` (128 + the signal: 143 for
+SIGTERM, 130 for SIGINT, as a process killed by it). Once the loop starts (`defer`), the signal
+only sets a flag. Every step carries the signal's number, the largest over the ranks (one tiny
+all-reduce queued behind the step, read with the step's loss: training/step_queue.py), so every
+rank learns at the same step whether any of them was asked to stop, and by which signal, and a node
+reclaimed alone stops every rank at the same step. The loop reads a step while the next one runs,
+so it stops after the step queued when it reads the flag, one or two steps after the signal; it
+saves that step's checkpoint (unless it just saved it), completes it, and the process exits with
+`exit_status`: a failure to torchrun and to the PyTorchJob's restart policy, so the job resumes
+instead of counting as done, and the next start (the restart, the next submission, the user's next
+command) resumes from that step. An error on a rank that was sent the signal (a peer that stopped
+first, a collective cut short) ends the same way: the signal is the cause, not the error. A second
+signal (Ctrl-C pressed again) changes nothing: the first one's stop is under way.
 
 torchrun itself re-raises the signal as a traceback and exits 1: training/launch.py is torchrun
 ending with one line and 128 + the signal, what the job's pods and training/demo.sh run.

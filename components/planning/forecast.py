@@ -2,18 +2,17 @@
 
 Speed: the MFU measured on 2 x H200 for the job's kind of step (docs/performance.md: Llama-2-7B,
 compile per block, FULL_SHARD, batch 3: 56.2 % without activation checkpointing, 46.0 % with full
-checkpointing; 48.4 % for 13B with selective; eager steps 0.774 of compiled ones, measured at
-full AC; float8 linears 1.307 x bf16, measured without AC, times the recipe's speed beside
-tensorwise measured on one H200; the dense-mask attention of packed
-rows, ``packedAttention: sdpa``, 0.842 x, measured on one H200 with documents of 200-400 tokens:
-FlexAttention's packed rows run at least at the plain rate; Llama 3's shape 0.954 x Llama 2's
-without AC and 0.988 x with full AC, measured on one H200), times the profile's bf16 peak, over the model's FLOPs per token
+checkpointing; 48.4 % for 13B with selective; eager steps 0.774 of compiled ones, measured at full
+AC; float8 linears 1.307 x bf16, measured without AC, times the recipe's speed beside tensorwise
+measured on one H200; the dense-mask attention of packed rows, ``packedAttention: sdpa``, 0.842 x,
+measured on one H200 with documents of 200-400 tokens: FlexAttention's packed rows run at least at
+the plain rate; Llama 3's shape 0.954 x Llama 2's without AC and 0.988 x with full AC, measured on
+one H200), times the profile's bf16 peak, over the model's FLOPs per token
 (docs/design.md#measuring-speed), is one node's tokens/s per GPU (on another GPU the H200's MFU is
-assumed, and the line says so); the scaling model
-(``scaling_model.py``) then adds what FSDP's collectives cost across the job's nodes. Money: the
-nodes' price (``hardware.py``, with its basis: on demand, or a Capacity Block's rate, dated).
-Both are estimates for planning, not promises: other models, batches and sequence lengths than
-the measured ones move the MFU.
+assumed, and the line says so); the scaling model (``scaling_model.py``) then adds what FSDP's
+collectives cost across the job's nodes. Money: the nodes' price (``hardware.py``, with its basis:
+on demand, or a Capacity Block's rate, dated). Both are estimates for planning, not promises: other
+models, batches and sequence lengths than the measured ones move the MFU.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 (peer_torchtitan.py), ratio = ours / torchtitan tokens/s/GPU, each side's slowest timed step
 over its median (a stall shows there); beside `titan5-NAME` too where it ran (a second harness:
 torchtitan's own metrics logging every 5 steps, `--log-freq 5`; its peak memory is not
-comparable, since that logging resets the peak statistics at each log step); and where `ours-NAME-fsdp`
-ran too (fully_shard at world size 1 with PyTorch's fused AdamW), how far the local path's
+comparable, since that logging resets the peak statistics at each log step); and where
+`ours-NAME-fsdp` ran too (fully_shard at world size 1 with PyTorch's fused AdamW), how far the local path's
 losses are from it, step by step; then each run's timed steps beside the GPU's mean SM clock
 during each (training/gpu_clocks.py), where it was sampled.  python peer_table.py DIR"""
 
@@ -29,10 +29,14 @@ def load(folder: str) -> dict[str, dict]:
 def paired(runs: dict[str, dict]) -> list[tuple[str, dict, list[tuple[str, dict]]]]:
     """Per run of ours: its name (the tag after `ours-`), its record, and the torchtitan runs
     beside it as (label, record), in `PEERS` order."""
-    return [(tag[len("ours-"):], r,
-             [(label, runs[prefix + tag[len("ours-"):]]) for prefix, label in PEERS
-              if prefix + tag[len("ours-"):] in runs])
-            for tag, r in runs.items() if tag.startswith("ours-")]
+    out = []
+    for tag, r in runs.items():
+        if tag.startswith("ours-"):
+            name = tag[len("ours-"):]
+            peers = [(label, runs[prefix + name]) for prefix, label in PEERS
+                     if prefix + name in runs]
+            out.append((name, r, peers))
+    return out
 
 
 def max_over_median(r: dict) -> str:
